@@ -1,0 +1,21 @@
+"""ForwardBatch: the tensors of one model step. Only the model runner builds it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from infer.core.ops.attention import AttentionMetadata
+
+
+@dataclass
+class ForwardBatch:
+    input_ids: torch.Tensor  # [T] int64, new tokens of every sequence, packed in sequence order
+    positions: torch.Tensor  # [T] int64, absolute position of each new token
+    attn: AttentionMetadata
+    logits_indices: torch.Tensor  # [N] int64 rows of the packed tokens whose logits are wanted
+
+    @property
+    def num_tokens(self) -> int:
+        return self.attn.num_tokens

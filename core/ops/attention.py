@@ -1,0 +1,93 @@
+"""Attention backend interface and the per-batch metadata it reads.
+
+KV cache layout (one pair of tensors per layer, owned by the model runner):
+    k_cache, v_cache: [num_pages, page_size, num_kv_heads, head_dim]
+A token slot is ``page * page_size + offset``; flattened views are [num_slots, Hkv, D].
+
+A batch is a list of sequences; sequence ``i`` contributes ``extend_lens[i]`` new tokens (1 for a
+decode row, more for a prefill or a chunk of one) whose queries attend causally to its
+``prefix_lens[i]`` cached tokens plus the new ones. New tokens of all sequences are packed along
+the token axis in sequence order: sequence i owns rows query_start_loc[i]:query_start_loc[i+1].
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    num_heads: int  # query heads on this rank
+    num_kv_heads: int
+    head_dim: int
+    scale: float
+    page_size: int
+    dtype: torch.dtype  # activation dtype
+    kv_dtype: torch.dtype  # KV cache storage dtype
+    device: torch.device
+    num_layers: int
+    max_batch_size: int = 256
+    max_context_len: int = 4096
+
+
+@dataclass
+class AttentionMetadata:
+    """Built once per batch by the model runner. Device tensors unless named *_cpu."""
+
+    num_seqs: int
+    num_tokens: int
+    page_size: int
+    query_start_loc: torch.Tensor  # [B+1] int32, cumulative extend_lens
+    seq_lens: torch.Tensor  # [B] int32, kv length after this step (prefix + extend)
+    prefix_lens: torch.Tensor  # [B] int32, cached tokens before this step
+    block_tables: torch.Tensor  # [B, max_pages] int32 page ids; rows padded with 0
+    slot_mapping: torch.Tensor  # [T] int64 slot where each new token's k/v is written
+    seq_lens_cpu: list[int]
+    extend_lens_cpu: list[int]
+    max_seq_len: int
+    max_extend_len: int
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_extend_len == 1 and self.num_tokens == self.num_seqs
+
+    @property
+    def prefix_lens_cpu(self) -> list[int]:
+        return [s - e for s, e in zip(self.seq_lens_cpu, self.extend_lens_cpu)]
+
+
+class AttentionBackend(ABC):
+    """One per model. ``plan`` runs once per batch, ``forward`` once per layer.
+
+    ``forward`` must first write the new keys/values into the cache at ``slot_mapping``, then
+    return attention over prefix + new tokens. Shapes: q [T, H, D], k and v [T, Hkv, D],
+    output [T, H, D] in q's dtype. Graph-capturable backends keep ``plan``'s device writes in
+    place (same tensors, new contents) so that a captured graph stays valid.
+    """
+
+    name: str = ""
+    supports_graph_capture: bool = False
+
+    def __init__(self, config: AttentionConfig) -> None:
+        self.config = config
+        self.meta: AttentionMetadata | None = None
+
+    def plan(self, meta: AttentionMetadata) -> None:
+        """Prepare for one batch (index arithmetic, wrapper planning). Called once per batch."""
+        self.meta = meta
+
+    @abstractmethod
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, layer_id: int) -> torch.Tensor:
+        """Write k/v at the batch's slots, return attention output [T, H, D]."""
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Plain-torch KV write: k/v [T, Hkv, D] into caches [P, page, Hkv, D] at slot_mapping [T]."""
+    hkv, d = k_cache.shape[-2], k_cache.shape[-1]
+    k_cache.view(-1, hkv, d).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, hkv, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))

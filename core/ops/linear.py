@@ -1,0 +1,41 @@
+"""Linear (GEMM) method interface. A method owns how a layer's weights are stored and applied.
+
+Lifecycle: ``create_weights`` (parameters on the layer, meta or real device) → the loader fills
+them → ``process_weights_after_loading`` (repack, quantize) → ``apply`` per forward.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    quantization: str | None  # --quantization value, None for unquantized
+    dtype: torch.dtype  # activation / unquantized weight dtype
+    device: torch.device
+
+
+class LinearMethod(ABC):
+    def __init__(self, config: LinearConfig) -> None:
+        self.config = config
+
+    def create_weights(self, layer: nn.Module, in_features: int, out_features: int,
+                       bias: bool) -> None:
+        """Default: a dense ``weight`` [out, in] (and ``bias`` [out]) in config.dtype."""
+        layer.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=self.config.dtype,
+                                                device=self.config.device), requires_grad=False)
+        layer.bias = (nn.Parameter(torch.empty(out_features, dtype=self.config.dtype,
+                                               device=self.config.device), requires_grad=False)
+                      if bias else None)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Called once after all weights are loaded."""
+
+    @abstractmethod
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in] -> [..., out]."""

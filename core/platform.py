@@ -1,0 +1,90 @@
+"""What a device plugin hands the core: probe results, device info and the Platform object.
+
+The core asks a Platform for capabilities and implementations; it never asks which device it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from infer.core.support import SupportMatrix
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One kind of device that a probe found."""
+
+    kind: str  # platform name: cpu, cuda, rocm, ascend, hpu
+    generation: str  # support-matrix column: sm90, gfx942, A2, gaudi2, amx, avx512, arm, ...
+    name: str  # human-readable model name
+    memory_bytes: int  # memory of one device
+    count: int = 1
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What a probe reports. ``found`` False comes with the reason in ``reason``."""
+
+    platform: str
+    found: bool
+    reason: str = ""
+    device: DeviceInfo | None = None
+    is_accelerator: bool = True
+
+    @classmethod
+    def not_found(cls, platform: str, reason: str, is_accelerator: bool = True) -> ProbeResult:
+        return cls(platform=platform, found=False, reason=reason, is_accelerator=is_accelerator)
+
+
+@dataclass(frozen=True)
+class SettingAdjustment:
+    """A default that a platform changed because the user left the setting unset."""
+
+    name: str  # ServerArgs field name
+    value: Any
+    reason: str
+
+
+class Platform:
+    """The active device platform. Plugins subclass this; one instance is active per process.
+
+    Attributes a subclass sets: ``name`` (platform name), ``torch_device`` (torch device type
+    string), ``dist_backend`` (torch.distributed backend), ``info`` (DeviceInfo).
+    """
+
+    name: str = ""
+    torch_device: str = "cpu"
+    dist_backend: str = "gloo"
+    default_attention_backend: str = "torch_native"
+    default_graph_runner: str | None = None
+
+    def __init__(self, info: DeviceInfo) -> None:
+        self.info = info
+        self._matrix: SupportMatrix | None = None
+
+    @property
+    def generation(self) -> str:
+        return self.info.generation
+
+    def bind_matrix(self, matrix: SupportMatrix) -> None:
+        self._matrix = matrix
+
+    def supports(self, flag: str, value: Any = None) -> bool:
+        """Whether ``flag`` (or ``flag=value``) is supported or experimental on this generation."""
+        if self._matrix is None:
+            raise RuntimeError("platform has no support matrix bound")
+        return self._matrix.lookup(self.name, self.generation, flag, value).status.runs
+
+    def memory_available(self) -> int:
+        """Bytes of device memory free for weights and KV cache on one device."""
+        return self.info.memory_bytes
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (no-op on synchronous devices)."""
+
+    def default_adjustments(self, args: Any) -> list[SettingAdjustment]:
+        """Defaults for settings the user left unset; each returned change is applied and logged."""
+        return []

@@ -1,0 +1,82 @@
+"""CPU probe: ISA generation from /proc/cpuinfo (or the machine type), memory from the OS."""
+
+from __future__ import annotations
+
+import os
+import platform as _pyplatform
+
+from infer.core.platform import DeviceInfo, Platform, ProbeResult
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return _pyplatform.processor() or _pyplatform.machine()
+
+
+def cpu_generation(machine: str | None = None, flags: set[str] | None = None) -> str:
+    """amx (AMX tiles with bf16), avx512, avx2, arm, or x86_64 (none of those)."""
+    machine = machine or _pyplatform.machine()
+    if machine.lower() in ("aarch64", "arm64"):
+        return "arm"
+    flags = _cpu_flags() if flags is None else flags
+    if "amx_bf16" in flags and "amx_tile" in flags:
+        return "amx"
+    if "avx512f" in flags:
+        return "avx512"
+    if "avx2" in flags:
+        return "avx2"
+    return "x86_64"
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def probe() -> ProbeResult:
+    gen = cpu_generation()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    info = DeviceInfo(kind="cpu", generation=gen, name=_cpu_name(), memory_bytes=_memory_bytes(),
+                      count=1, details={"cores": cores or 1})
+    return ProbeResult(platform="cpu", found=True, device=info, is_accelerator=False)
+
+
+class CpuPlatform(Platform):
+    name = "cpu"
+    torch_device = "cpu"
+    dist_backend = "gloo"
+    default_attention_backend = "torch_native"
+
+    def memory_available(self) -> int:
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return self.info.memory_bytes
+
+
+def create_platform(result: ProbeResult) -> Platform:
+    assert result.device is not None
+    return CpuPlatform(result.device)
