@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from infer.core.ops.attention import AttentionMetadata
+from infer.core.ops.attention import AttentionMetadata, KVCache
 
 
 @dataclass
@@ -15,6 +15,7 @@ class ForwardBatch:
     positions: torch.Tensor  # [T] int64, absolute position of each new token
     attn: AttentionMetadata
     logits_indices: torch.Tensor  # [N] int64 rows of the packed tokens whose logits are wanted
+    kv_cache: KVCache  # the model runner's caches; layer i reads kv_cache.k[i], kv_cache.v[i]
 
     @property
     def num_tokens(self) -> int:

@@ -59,6 +59,23 @@ class AttentionMetadata:
         return [s - e for s, e in zip(self.seq_lens_cpu, self.extend_lens_cpu)]
 
 
+@dataclass
+class KVCache:
+    """All layers' caches, allocated once by the model runner: k[i], v[i] are
+    [num_pages, page_size, num_kv_heads, head_dim] for layer i."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+
+    @property
+    def num_pages(self) -> int:
+        return self.k[0].shape[0]
+
+    @property
+    def page_size(self) -> int:
+        return self.k[0].shape[1]
+
+
 class AttentionBackend(ABC):
     """One per model. ``plan`` runs once per batch, ``forward`` once per layer.
 
