@@ -87,6 +87,35 @@ class PlatformMatrix:
     def keys(self) -> list[str]:
         return sorted({k for k, _ in self.rows})
 
+    def column(self, generation: str) -> list[Entry]:
+        """Every explicit row that applies to ``generation``, ordered by key."""
+        return [self.rows[(k, generation)] for k in self.keys() if (k, generation) in self.rows]
+
+    def table(self, generation: str, flags: Iterable[str] = ()) -> list[Entry]:
+        """One row per flag of ``flags`` (looked up, so unlisted ones read not-implemented), each
+        followed by its flag=value rows, then the explicit rows of any other flag."""
+        by_flag: dict[str, list[Entry]] = {}
+        for e in self.column(generation):
+            if e.value is not None:
+                by_flag.setdefault(e.flag, []).append(e)
+        order = list(dict.fromkeys(flags))
+        seen = set(order)
+        order += sorted({e.flag for e in self.column(generation)} - seen)
+        out = []
+        for flag in order:
+            out.append(self.lookup(generation, flag))
+            out += by_flag.get(flag, [])
+        return out
+
+    def values(self, generation: str, flag: str, runs_only: bool = True) -> list[str]:
+        """The flag=value keys listed for ``flag`` on ``generation`` (only those that run, by
+        default): the alternatives an error message can offer."""
+        out = []
+        for e in self.column(generation):
+            if e.flag == flag and e.value is not None and (e.status.runs or not runs_only):
+                out.append(e.value)
+        return out
+
 
 def _value_str(value: Any) -> str:
     if isinstance(value, bool):
@@ -117,6 +146,15 @@ class SupportMatrix:
             return Entry(flag=flag, status=Status.NOT_IMPLEMENTED,
                          reason=f"no support data for platform {platform!r}")
         return pm.lookup(generation, flag, value)
+
+    def to_dict(self) -> dict[str, dict[str, dict[str, dict[str, str]]]]:
+        """platform -> generation -> key -> {status, reason, instead}, for JSON output."""
+        return {
+            name: {gen: {e.key: {"status": e.status.value, "reason": e.reason,
+                                 "instead": e.instead} for e in pm.column(gen)}
+                   for gen in pm.generations}
+            for name, pm in sorted(self.platforms.items())
+        }
 
 
 def parse_entries(rows: Iterable[dict[str, Any]]) -> list[Entry]:

@@ -1,0 +1,310 @@
+"""``infer doctor``: what this machine has, which plugins loaded, which platform is active, and
+what the support matrix says there.
+
+Fast by construction: versions come from package metadata and torch's version file (no vendor
+library is imported), plugins' probes are the cheap ones the contract asks for, and the matrix
+is read from the plugins' data files. ``collect`` builds the report as plain data; the command
+renders it as rich tables, JSON or markdown.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import platform as pyplatform
+import re
+import sys
+from collections import Counter
+from importlib import metadata
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from infer.core.plugins import PlatformSelectionError, PluginHost, get_plugin_host
+from infer.core.support import Entry, PlatformMatrix, Status
+
+# label -> (distribution names to try, import name)
+PACKAGES: dict[str, tuple[tuple[str, ...], str]] = {
+    "infer-core": (("infer-core",), "infer.core"),
+    "torch": (("torch",), "torch"),
+    "triton": (("triton", "pytorch-triton-rocm"), "triton"),
+    "transformers": (("transformers",), "transformers"),
+    "flashinfer": (("flashinfer-python", "flashinfer"), "flashinfer"),
+    "torch_npu": (("torch-npu", "torch_npu"), "torch_npu"),
+    "habana_frameworks": (("habana-torch-plugin", "habana_frameworks"), "habana_frameworks"),
+    "aiter": (("amd-aiter", "aiter"), "aiter"),
+}
+NOT_INSTALLED = "not installed"
+DEFAULT_MARKDOWN = Path("docs/support-matrix.md")
+
+
+def package_version(dists: tuple[str, ...], module: str) -> str:
+    """The installed version, or "not installed"; never imports the package."""
+    for dist in dists:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    return "installed (version unknown)" if found else NOT_INSTALLED
+
+
+def torch_build() -> str:
+    """"CUDA 13.0", "ROCm/HIP 6.2", or "CPU", read from torch/version.py without importing torch."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return NOT_INSTALLED
+    try:
+        text = Path(spec.origin).with_name("version.py").read_text()
+    except OSError:
+        return "unknown"
+    fields = {}
+    for name in ("cuda", "hip"):
+        m = re.search(rf"^{name}\s*(?::[^=]+)?=\s*(.+)$", text, re.MULTILINE)
+        try:
+            fields[name] = ast.literal_eval(m.group(1).strip()) if m else None
+        except (ValueError, SyntaxError):
+            fields[name] = None
+    if fields["hip"]:
+        return f"ROCm/HIP {fields['hip']}"
+    if fields["cuda"]:
+        return f"CUDA {fields['cuda']}"
+    return "CPU"
+
+
+def environment() -> dict[str, str]:
+    env = {"python": f"{pyplatform.python_version()} ({sys.executable})",
+           "os": f"{pyplatform.system()} {pyplatform.release()} {pyplatform.machine()}"}
+    for label, (dists, module) in PACKAGES.items():
+        env[label] = package_version(dists, module)
+    if env["torch"] != NOT_INSTALLED:
+        env["torch"] += f" ({torch_build()} build)"
+    return env
+
+
+def known_flags() -> list[str]:
+    """Every server flag in inventory order, from the settings table when it is installed."""
+    try:
+        from infer.core.config.flags import FLAG_SPECS
+    except ImportError:
+        return []
+    return [spec.flag for spec in FLAG_SPECS.values()]
+
+
+def entry_dict(e: Entry) -> dict[str, str]:
+    return {"key": e.key, "status": e.status.value, "reason": e.reason, "instead": e.instead}
+
+
+def targets(host: PluginHost, device: str | None, generation: str | None, all_targets: bool,
+            active: tuple[str, str] | None) -> list[tuple[str, str]]:
+    """The (platform, generation) pairs whose matrix to show. Raises ValueError on bad input."""
+    matrix = host.matrix
+    if all_targets:
+        return [(name, gen) for name, pm in sorted(matrix.platforms.items())
+                for gen in pm.generations]
+    if device is None and generation is None:
+        return [active] if active else []
+    name = device or (active[0] if active else None)
+    if name is None:
+        raise ValueError("--generation needs --device when no platform is active")
+    pm = matrix.platforms.get(name)
+    if pm is None:
+        known = ", ".join(sorted(matrix.platforms)) or "none"
+        raise ValueError(f"--device {name}: no installed plugin has support data for it "
+                         f"(known: {known})")
+    if generation is None:
+        return [(name, g) for g in pm.generations]
+    if generation not in pm.generations:
+        raise ValueError(f"--generation {generation}: not a generation of {name} "
+                         f"(known: {', '.join(pm.generations)})")
+    return [(name, generation)]
+
+
+def collect(host: PluginHost, device: str | None = None, generation: str | None = None,
+            all_targets: bool = False) -> dict[str, Any]:
+    """The whole report as JSON-ready data."""
+    report: dict[str, Any] = {"environment": environment()}
+    report["plugins"] = [
+        {"name": r.name, "module": r.module, "version": r.version, "loaded": r.loaded,
+         "error": r.error} for r in host.records]
+    recorded = {id(r) for r in host.records}
+    report["failures"] = [{"name": r.name, "error": r.error} for r in host.failures
+                          if id(r) not in recorded]
+    devices = {}
+    for name, res in sorted(host.probe_all().items()):
+        d = res.device
+        devices[name] = {
+            "found": res.found, "reason": res.reason, "accelerator": res.is_accelerator,
+            "plugin": host.registries.platforms[name].plugin,
+            **({"generation": d.generation, "name": d.name, "count": d.count,
+                "memory_bytes": d.memory_bytes, "details": d.details} if d else {})}
+    report["devices"] = devices
+    active: tuple[str, str] | None = None
+    try:
+        plat = host.select()
+        active = (plat.name, plat.generation)
+        report["active"] = {"platform": plat.name, "generation": plat.generation,
+                            "torch_device": plat.torch_device, "dist_backend": plat.dist_backend}
+    except PlatformSelectionError as exc:
+        report["active"] = {"error": str(exc)}
+    flags = known_flags()
+    matrices: dict[str, dict[str, list[dict[str, str]]]] = {}
+    for name, gen in targets(host, device, generation, all_targets, active):
+        pm = host.matrix.platforms[name]
+        matrices.setdefault(name, {})[gen] = [entry_dict(e) for e in pm.table(gen, flags)]
+    report["matrix"] = matrices
+    return report
+
+
+# -- rendering ------------------------------------------------------------------------------
+STYLE = {Status.SUPPORTED.value: "green", Status.EXPERIMENTAL.value: "yellow",
+         Status.UNSUPPORTED.value: "red", Status.NOT_IMPLEMENTED.value: "dim"}
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n else "unknown"
+
+
+def render_rich(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    env = Table(title="Environment", show_header=False)
+    for k, v in report["environment"].items():
+        env.add_row(k, v if v != NOT_INSTALLED else f"[dim]{v}[/dim]")
+    console.print(env)
+
+    plugins = Table(title="Plugins")
+    for col in ("entry point", "module", "version", "status"):
+        plugins.add_column(col)
+    for p in report["plugins"]:
+        status = "[green]loaded[/green]" if p["loaded"] else f"[red]failed[/red]: {p['error']}"
+        plugins.add_row(p["name"], p["module"], p["version"], status)
+    for f in report["failures"]:
+        plugins.add_row(f["name"], "", "", f"[red]hook failed[/red]: {f['error']}")
+    console.print(plugins)
+
+    devices = Table(title="Devices (each plugin's probe)")
+    for col in ("platform", "plugin", "found", "generation", "device", "count", "memory"):
+        devices.add_column(col)
+    for name, d in report["devices"].items():
+        if d["found"]:
+            devices.add_row(name, d["plugin"], "[green]yes[/green]", d["generation"], d["name"],
+                            str(d["count"]), _gib(d["memory_bytes"]))
+        else:
+            devices.add_row(name, d["plugin"], "[red]no[/red]", "", d["reason"], "", "")
+    console.print(devices)
+
+    active = report["active"]
+    if "error" in active:
+        console.print(f"[bold red]No active platform:[/bold red] {active['error']}")
+    else:
+        console.print(f"Active platform: [bold]{active['platform']}[/bold], generation "
+                      f"[bold]{active['generation']}[/bold] (torch device "
+                      f"{active['torch_device']}, distributed backend {active['dist_backend']})")
+
+    for name, gens in report["matrix"].items():
+        for gen, rows in gens.items():
+            counts = Counter(r["status"] for r in rows)
+            title = (f"Support matrix: {name} / {gen} ("
+                     + ", ".join(f"{counts[s.value]} {s.value}" for s in Status) + ")")
+            table = Table(title=title)
+            for col in ("flag", "status", "reason", "instead"):
+                table.add_column(col)
+            for r in rows:
+                st = r["status"]
+                table.add_row(r["key"], f"[{STYLE[st]}]{st}[/{STYLE[st]}]", r["reason"],
+                              r["instead"])
+            console.print(table)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(host: PluginHost, flags: list[str]) -> str:
+    """Every platform's matrix, one table per platform with a column per generation."""
+    lines = ["# infer support matrix", "",
+             "Generated by `infer doctor --markdown` from the installed plugins' support data; "
+             "do not edit by hand.", "",
+             "Statuses: **supported** (implemented and tested here), **experimental** "
+             "(implemented, not yet proven), **unsupported** (the hardware cannot), "
+             "**not-implemented** (the hardware could; infer does not yet). A flag=value row "
+             "overrides its flag's row for that value.", ""]
+    for name, pm in sorted(host.matrix.platforms.items()):
+        lines += _platform_markdown(name, pm, flags)
+    return "\n".join(lines) + "\n"
+
+
+def _platform_markdown(name: str, pm: PlatformMatrix, flags: list[str]) -> list[str]:
+    gens = pm.generations
+    tables = {g: pm.table(g, flags) for g in gens}
+    keys = list(dict.fromkeys(e.key for g in gens for e in tables[g]))
+    by = {g: {e.key: e for e in tables[g]} for g in gens}
+    reasons = Counter(e.reason for g in gens for e in tables[g]
+                      if e.status is not Status.SUPPORTED and e.reason)
+    common = reasons.most_common(1)[0][0] if reasons else ""
+    counts = Counter(e.status.value for g in gens for e in tables[g])
+    out = [f"## {name}", "", f"Generations: {', '.join(gens)}. Rows: {len(keys)} per generation ("
+           + ", ".join(f"{counts[s.value]} {s.value}" for s in Status) + " over all generations).",
+           ""]
+    if common:
+        out += [f"Where the notes column is empty, the reason is: {common}.", ""]
+    out += ["| flag | " + " | ".join(gens) + " | notes |",
+            "|---|" + "---|" * len(gens) + "---|"]
+    for key in keys:
+        cells, notes = [], []
+        for g in gens:
+            e = by[g].get(key)
+            cells.append(e.status.value if e else "not-implemented")
+            if e and e.reason and e.reason != common:
+                note = e.reason + (f" (instead: {e.instead})" if e.instead else "")
+                if note not in notes:
+                    notes.append(note)
+        out.append(f"| `{_cell(key)}` | " + " | ".join(cells) + " | "
+                   + _cell("; ".join(notes)) + " |")
+    return out + [""]
+
+
+def doctor(
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    device: Annotated[str | None, typer.Option(
+        "--device", help="Show this platform's matrix instead of the active one's.")] = None,
+    generation: Annotated[str | None, typer.Option(
+        "--generation", help="With --device: only this generation's matrix.")] = None,
+    all_targets: Annotated[bool, typer.Option(
+        "--all", help="Show the matrix of every platform and generation.")] = False,
+    markdown: Annotated[bool, typer.Option(
+        "--markdown", help="Write every platform's matrix as markdown tables to --output.")] = False,
+    output: Annotated[Path, typer.Option(
+        "--output", help="Where --markdown writes.")] = DEFAULT_MARKDOWN,
+) -> None:
+    """Show the environment, plugins, devices, the active platform and its support matrix."""
+    host = get_plugin_host()
+    if markdown:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(render_markdown(host, known_flags()))
+        typer.echo(f"wrote {output}")
+        return
+    try:
+        report = collect(host, device, generation, all_targets)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if json_out:
+        typer.echo(json.dumps(report, indent=2, default=str))
+    else:
+        render_rich(report)
+
+
+def main() -> None:
+    typer.run(doctor)
+
+
+if __name__ == "__main__":
+    main()

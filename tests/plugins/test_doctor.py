@@ -1,0 +1,106 @@
+"""``infer doctor``: report contents, JSON, other targets' matrices, markdown, and speed hygiene."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import typer
+from infer.cli import doctor as doc
+from infer.core.plugins import get_plugin_host
+from typer.testing import CliRunner
+
+app = typer.Typer()
+app.command()(doc.doctor)
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _no_device_env(monkeypatch):
+    monkeypatch.delenv("INFER_DEVICE", raising=False)
+
+
+def _json(*args: str) -> dict:
+    res = runner.invoke(app, ["--json", *args])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)
+
+
+def test_json_report_on_this_machine():
+    report = _json()
+    assert report["active"]["platform"] == "cpu"
+    gen = report["active"]["generation"]
+    assert gen in ("amx", "avx512", "avx2", "arm", "x86_64")
+    assert list(report["matrix"]) == ["cpu"] and list(report["matrix"]["cpu"]) == [gen]
+    rows = {r["key"]: r for r in report["matrix"]["cpu"][gen]}
+    assert rows["--model-path"]["status"] == "supported"
+    assert len([k for k in rows if "=" not in k]) >= 336  # every flag has a row
+    env = report["environment"]
+    assert env["python"].startswith(f"{sys.version_info.major}.{sys.version_info.minor}")
+    assert env["torch_npu"] == "not installed" and env["aiter"] == "not installed"
+    names = {p["name"]: p for p in report["plugins"]}
+    assert names["cpu"]["loaded"]
+
+
+@pytest.mark.parametrize("platform", ["rocm", "ascend", "hpu"])
+def test_absent_accelerators_say_why(platform):
+    report = _json()
+    dev = report["devices"].get(platform)
+    if dev is None:
+        pytest.skip(f"infer-plugin-{platform} not installed")
+    if dev["found"]:
+        pytest.skip(f"a {platform} device is present")
+    assert dev["reason"]
+
+
+def test_other_target_matrix():
+    report = _json("--device", "ascend", "--generation", "A2")
+    assert list(report["matrix"]) == ["ascend"] and list(report["matrix"]["ascend"]) == ["A2"]
+    rows = {r["key"]: r for r in report["matrix"]["ascend"]["A2"]}
+    assert rows["--model-impl"]["status"] == "unsupported"
+    assert rows["--attention-backend=ascend"]["status"] == "not-implemented"
+    both = _json("--device", "ascend")
+    assert list(both["matrix"]["ascend"]) == ["A2", "A3"]
+
+
+def test_all_targets():
+    report = _json("--all")
+    host = get_plugin_host()
+    expected = {(n, g) for n, pm in host.matrix.platforms.items() for g in pm.generations}
+    got = {(n, g) for n, gens in report["matrix"].items() for g in gens}
+    assert got == expected and ("ascend", "A3") in got
+
+
+@pytest.mark.parametrize("args,needle", [(["--device", "tpu"], "--device tpu"),
+                                         (["--device", "ascend", "--generation", "A9"], "A9")])
+def test_bad_target_exits_2(args, needle):
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2 and needle in res.output
+
+
+def test_rich_output_names_active_platform():
+    res = runner.invoke(app, [])
+    assert res.exit_code == 0, res.output
+    assert "Active platform: cpu" in res.output and "Support matrix: cpu" in res.output
+
+
+def test_markdown(tmp_path):
+    out = tmp_path / "m.md"
+    res = runner.invoke(app, ["--markdown", "--output", str(out)])
+    assert res.exit_code == 0, res.output
+    text = out.read_text()
+    for name in get_plugin_host().matrix.platforms:
+        assert f"## {name}" in text
+    assert "| `--attention-backend=fa3` |" in text
+
+
+def test_doctor_imports_no_vendor_library():
+    code = ("import sys; from infer.cli.doctor import collect; "
+            "from infer.core.plugins import get_plugin_host; collect(get_plugin_host(), all_targets=True); "
+            "print(sorted(m for m in ('torch_npu', 'aiter', 'habana_frameworks', 'flashinfer') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
