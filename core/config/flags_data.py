@@ -29,7 +29,8 @@ FLAGS = [{'section': 'Model and tokenizer',
   'choices': ['auto', 'slow'],
   'nargs': None,
   'action': None,
-  'help': 'and ‘slow’ will always use the slow tokenizer.',
+  'help': 'Tokenizer mode. ‘auto’ will use the fast tokenizer if available, and ‘slow’ will always '
+          'use the slow tokenizer.',
   'default': 'auto'},
  {'section': 'Model and tokenizer',
   'flag': '--tokenizer-worker-num',
@@ -72,11 +73,16 @@ FLAGS = [{'section': 'Model and tokenizer',
               'private'],
   'nargs': None,
   'action': None,
-  'help': 'which is mainly for profiling.”gguf” will load the weights in the gguf format. '
-          '“bitsandbytes” will load the weights using bitsandbytes quantization.”layered” loads '
-          'weights layer by layer so that one can quantize a layer before loading another to make '
-          'the peak memory envelope smaller. “flash_rl” will load the weights in flash_rl format. '
-          '“fastsafetensors” and “private” are also supported.',
+  'help': 'The format of the model weights to load. “auto” will try to load the weights in the '
+          'safetensors format and fall back to the pytorch bin format if safetensors format is not '
+          'available. “pt” will load the weights in the pytorch bin format. “safetensors” will '
+          'load the weights in the safetensors format. “npcache” will load the weights in pytorch '
+          'format and store a numpy cache to speed up the loading. “dummy” will initialize the '
+          'weights with random values, which is mainly for profiling.”gguf” will load the weights '
+          'in the gguf format. “bitsandbytes” will load the weights using bitsandbytes '
+          'quantization.”layered” loads weights layer by layer so that one can quantize a layer '
+          'before loading another to make the peak memory envelope smaller. “flash_rl” will load '
+          'the weights in flash_rl format. “fastsafetensors” and “private” are also supported.',
   'default': 'auto'},
  {'section': 'Model and tokenizer',
   'flag': '--model-loader-extra-config',
@@ -247,8 +253,9 @@ FLAGS = [{'section': 'Model and tokenizer',
   'choices': ['auto', 'half', 'float16', 'bfloat16', 'float', 'float32'],
   'nargs': None,
   'action': None,
-  'help': 'and BF16 precision for BF16 models. * “half” for FP16. Recommended for AWQ '
-          'quantization. * “float16” is the same as “half”. * “bfloat16” for a balance between '
+  'help': 'Data type for model weights and activations. * “auto” will use FP16 precision for FP32 '
+          'and FP16 models, and BF16 precision for BF16 models. * “half” for FP16. Recommended for '
+          'AWQ quantization. * “float16” is the same as “half”. * “bfloat16” for a balance between '
           'precision and range. * “float” is shorthand for FP32 precision. * “float32” for FP32 '
           'precision.',
   'default': 'auto'},
@@ -577,7 +584,8 @@ FLAGS = [{'section': 'Model and tokenizer',
   'choices': ['lru', 'lfu'],
   'nargs': None,
   'action': None,
-  'help': '‘lfu’ stands for Least Frequently Used.',
+  'help': 'The eviction policy of radix trees. ‘lru’ stands for Least Recently Used, ‘lfu’ stands '
+          'for Least Frequently Used.',
   'default': 'lru'},
  {'section': 'Memory and scheduling',
   'flag': '--enable-prefill-delayer',
@@ -1223,7 +1231,8 @@ FLAGS = [{'section': 'Model and tokenizer',
               'step3'],
   'nargs': None,
   'action': None,
-  'help': 'step3].',
+  'help': 'Specify the parser for reasoning models. Supported parsers: [deepseek-r1, deepseek-v3, '
+          'glm45, gpt-oss, kimi, qwen3, qwen3-thinking, step3].',
   'default': None},
  {'section': 'API related',
   'flag': '--tool-call-parser',
@@ -1246,7 +1255,9 @@ FLAGS = [{'section': 'Model and tokenizer',
               'step3'],
   'nargs': None,
   'action': None,
-  'help': 'step3].',
+  'help': 'Specify the parser for handling tool-call interactions. Supported parsers: [deepseekv3, '
+          'deepseekv31, glm, glm45, glm47, gpt-oss, kimi_k2, llama3, mistral, pythonic, qwen, '
+          'qwen25, qwen3_coder, step3].',
   'default': None},
  {'section': 'API related',
   'flag': '--tool-server',
@@ -1267,8 +1278,9 @@ FLAGS = [{'section': 'Model and tokenizer',
   'choices': ['openai', 'model'],
   'nargs': None,
   'action': None,
-  'help': 'etc.). ‘model’ uses the model’s generation_config.json to get the recommended sampling '
-          'parameters if available. Default is ‘model’.',
+  'help': 'Where to get default sampling parameters. ‘openai’ uses SGLang/OpenAI defaults '
+          '(temperature=1.0, top_p=1.0, etc.). ‘model’ uses the model’s generation_config.json to '
+          'get the recommended sampling parameters if available. Default is ‘model’.',
   'default': 'model'},
  {'section': 'Data parallelism',
   'flag': '--data-parallel-size',
@@ -1385,9 +1397,10 @@ FLAGS = [{'section': 'Model and tokenizer',
               'all'],
   'nargs': '*',
   'action': None,
-  'help': 'it will be automatically inferred from the adapters provided in --lora-paths. You can '
-          'also set it to all to enable LoRA for all supported modules; note this may introduce '
-          'minor performance overhead.',
+  'help': 'The union set of all target modules where LoRA should be applied (e.g., q_proj, k_proj, '
+          'gate_proj). If not specified, it will be automatically inferred from the adapters '
+          'provided in --lora-paths. You can also set it to all to enable LoRA for all supported '
+          'modules; note this may introduce minor performance overhead.',
   'default': None},
  {'section': 'LoRA',
   'flag': '--lora-paths',
@@ -1589,7 +1602,12 @@ FLAGS = [{'section': 'Model and tokenizer',
   'choices': ['auto', 'deep_gemm', 'flashinfer_trtllm', 'cutlass', 'triton', 'aiter'],
   'nargs': None,
   'action': None,
-  'help': '‘aiter’ (ROCm only). NOTE: This replaces the deprecated environment variables '
+  'help': 'Choose the runner backend for Blockwise FP8 GEMM operations. Options: ‘auto’ (default, '
+          'auto-selects based on hardware), ‘deep_gemm’ (JIT-compiled; enabled by default on '
+          'NVIDIA Hopper (SM90) and Blackwell (SM100) when DeepGEMM is installed), '
+          '‘flashinfer_trtllm’ (optimal for Blackwell and low-latency), ‘cutlass’ (optimal for '
+          'Hopper/Blackwell GPUs and high-throughput), ‘triton’ (fallback, widely compatible), '
+          '‘aiter’ (ROCm only). NOTE: This replaces the deprecated environment variables '
           'SGLANG_ENABLE_FLASHINFER_FP8_GEMM and SGLANG_SUPPORT_CUTLASS_BLOCK_FP8.',
   'default': 'auto'},
  {'section': 'Kernel Backends (Attention, Sampling, Grammar, GEMM)',
@@ -1600,8 +1618,14 @@ FLAGS = [{'section': 'Model and tokenizer',
   'choices': ['auto', 'flashinfer_cudnn', 'flashinfer_cutlass', 'flashinfer_trtllm'],
   'nargs': None,
   'action': None,
-  'help': 'sgl-kernel CUTLASS is used as an automatic fallback. NOTE: This replaces the deprecated '
-          'environment variable SGLANG_FLASHINFER_FP4_GEMM_BACKEND.',
+  'help': 'Choose the runner backend for NVFP4 GEMM operations. Options: ‘auto’ (default, '
+          'auto-selects between flashinfer_cudnn/flashinfer_cutlass based on CUDA/cuDNN version), '
+          '‘flashinfer_cudnn’ (FlashInfer cuDNN backend, optimal on CUDA 13+ with cuDNN 9.15+), '
+          '‘flashinfer_cutlass’ (FlashInfer CUTLASS backend, optimal on CUDA 12), '
+          '‘flashinfer_trtllm’ (FlashInfer TensorRT-LLM backend, requires different weight '
+          'preparation with shuffling). All backends are from FlashInfer; when FlashInfer is '
+          'unavailable, sgl-kernel CUTLASS is used as an automatic fallback. NOTE: This replaces '
+          'the deprecated environment variable SGLANG_FLASHINFER_FP4_GEMM_BACKEND.',
   'default': 'auto'},
  {'section': 'Kernel Backends (Attention, Sampling, Grammar, GEMM)',
   'flag': '--disable-flashinfer-autotune',
@@ -1975,7 +1999,8 @@ FLAGS = [{'section': 'Model and tokenizer',
   'choices': ['normal', 'low_latency', 'auto'],
   'nargs': None,
   'action': None,
-  'help': 'which means low_latency for decode batch and normal for prefill batch.',
+  'help': 'Select the mode when enable DeepEP MoE, could be normal, low_latency or auto. Default '
+          'is auto, which means low_latency for decode batch and normal for prefill batch.',
   'default': 'auto'},
  {'section': 'MoE',
   'flag': '--ep-num-redundant-experts',
@@ -2173,7 +2198,17 @@ FLAGS = [{'section': 'Model and tokenizer',
   'choices': ['auto', 'no_buffer', 'extra_buffer'],
   'nargs': None,
   'action': None,
-  'help': 'currently only extra_buffer supports branching.',
+  'help': 'The strategy to use for mamba scheduler. auto currently defaults to no_buffer. 1. '
+          'no_buffer does not support overlap scheduler due to not allocating extra mamba state '
+          'buffers. Branching point caching support is feasible but not implemented. 2. '
+          'extra_buffer supports overlap schedule by allocating extra mamba state buffers to track '
+          'mamba state for caching (mamba state usage per running req becomes 2x for non-spec; '
+          '1+(1/(2+speculative_num_draft_tokens))x for spec dec (e.g. 1.16x if '
+          'speculative_num_draft_tokens==4)). 2a. extra_buffer is strictly better for '
+          'non-KV-cache-bound cases; for KV-cache-bound cases, the tradeoff depends on whether '
+          'enabling overlap outweighs reduced max running requests. 2b. mamba caching at radix '
+          'cache branching point is strictly better than non-branch but requires kernel support '
+          '(currently only FLA backend), currently only extra_buffer supports branching.',
   'default': 'auto'},
  {'section': 'Mamba Cache',
   'flag': '--mamba-track-interval',
@@ -2256,7 +2291,10 @@ FLAGS = [{'section': 'Model and tokenizer',
   'choices': ['file', 'mooncake', 'hf3fs', 'nixl', 'aibrix', 'dynamic', 'eic'],
   'nargs': None,
   'action': None,
-  'help': 'class_name (backend class name).',
+  'help': 'The storage backend for hierarchical KV cache. Built-in backends: file, mooncake, '
+          'hf3fs, nixl, aibrix. For dynamic backend, use —hicache-storage-backend-extra-config to '
+          'specify: backend_name (custom name), module_path (Python module path), class_name '
+          '(backend class name).',
   'default': None},
  {'section': 'Hierarchical cache',
   'flag': '--hicache-storage-prefetch-policy',
@@ -2809,7 +2847,7 @@ FLAGS = [{'section': 'Model and tokenizer',
   'choices': ['eager', 'inductor'],
   'nargs': None,
   'action': None,
-  'help': 'inductor.',
+  'help': 'Set the compiler for piecewise cuda graph. Choices are: eager, inductor.',
   'default': 'eager'},
  {'section': 'Optimization/debug options',
   'flag': '--torch-compile-max-bs',
@@ -3112,7 +3150,10 @@ FLAGS = [{'section': 'Model and tokenizer',
   'choices': ['in-seq-split', 'round-robin-split'],
   'nargs': None,
   'action': None,
-  'help': 'and FP8 KV cache.',
+  'help': 'Token splitting mode for the prefill phase of DeepSeek v3.2 under context parallelism. '
+          'Optional values: in-seq-split (default), round-robin-split. round-robin-split '
+          'distributes tokens across ranks based on token_idx % cp_size. It supports multi-batch '
+          'prefill, fused MoE, and FP8 KV cache.',
   'default': 'in-seq-split'},
  {'section': 'Optimization/debug options',
   'flag': '--enable-fused-qk-norm-rope',
@@ -3216,7 +3257,8 @@ FLAGS = [{'section': 'Model and tokenizer',
   'choices': ['null', 'prefill', 'decode'],
   'nargs': None,
   'action': None,
-  'help': 'it is not PD disaggregated',
+  'help': 'Only used for PD disaggregation. “prefill” for prefill-only server, and “decode” for '
+          'decode-only server. If not specified, it is not PD disaggregated',
   'default': 'null'},
  {'section': 'PD disaggregation',
   'flag': '--disaggregation-transfer-backend',

@@ -129,16 +129,17 @@ def split_choices(text: str) -> tuple[str, str, list[str]] | None:
     glued, rest = items[i], items[i + 1:]
     if not rest:
         return None
+    lead = ", ".join(items[:i]) + ", " if i else ""  # description text before the glued item
     # default == c1: the glued item ends with t+t
     for n in range(len(glued) // 2, 0, -1):
         t = glued[-n:]
         if TOKEN.match(t) and glued.endswith(t + t) and (n >= 2 or len(glued) == 2):
-            return glued[:-2 * n], t, [t, *rest]
+            return lead + glued[:-2 * n], t, [t, *rest]
     for d in ["None", *rest]:
         for n in range(len(glued) - len(d) - 1, 0, -1):
             head, c1 = glued[:len(glued) - n], glued[len(glued) - n:]
             if head.endswith(d) and TOKEN.match(c1):
-                return head[:-len(d)], d, [c1, *rest]
+                return lead + head[:-len(d)], d, [c1, *rest]
     return None
 
 

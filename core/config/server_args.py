@@ -297,7 +297,7 @@ class _ServerArgsBase(BaseSettings):
                         f"{self.spelling(target)} {getattr(self, target)}; drop {spec.flag}")
                 object.__setattr__(self, target, new)
                 self._provenance[target] = self._provenance[dest]
-                self._spelling.setdefault(target, tspec.flag)
+                self._spelling[target] = self.spelling(dest)
                 warnings.warn(f"{spec.flag} is deprecated; using {tspec.flag} {new} instead",
                               FutureWarning, stacklevel=3)
 
