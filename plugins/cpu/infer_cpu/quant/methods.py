@@ -1,0 +1,93 @@
+"""Quantized CPU linear methods.
+
+- ``GGUFLinearMethod`` (quantization key ``"gguf"``): serves a GGUF file's Q4_0 / Q4_1 blocks as
+  int4 group-32 weights (exact) and Q8_0 blocks as per-row int8 (requantized); any other block type,
+  and unquantized tensors, stay dense in the model dtype.
+- ``Int8WeightOnlyLinearMethod``: per-row symmetric int8 weights, activations unquantized.
+
+Both keep the activations in ``compute_dtype`` (bf16: the fast path of torch's CPU kernels) and
+return outputs in the caller's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from infer.core.ops.linear import LinearMethod
+from torch import nn
+
+from infer_cpu.quant.packing import (
+    INT4_TYPES,
+    INT8_TYPES,
+    PackedInt4,
+    gguf_int4_codes,
+    gguf_q8_0_values,
+    int4_matmul,
+    int8_matmul,
+    pack_int4,
+    quantize_int8_rows,
+)
+
+COMPUTE_DTYPE = torch.bfloat16
+
+
+def _drop_dense(layer: nn.Module) -> None:
+    """Free the dequantised weight once a packed copy exists (no code path reads it after)."""
+    layer.weight = None
+
+
+def _flat(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
+    return x.reshape(-1, x.shape[-1]), x.shape[:-1]
+
+
+class GGUFLinearMethod(LinearMethod):
+    """Serves GGUF quantized blocks directly; see the module doc for the mapping."""
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        qtype = getattr(layer, "gguf_qtype", None)
+        raw = getattr(layer, "gguf_raw", None)
+        layer.quant_kind = "dense"
+        if qtype is not None and raw is not None:
+            rows = layer.weight.shape[0]
+            if qtype in INT4_TYPES:
+                layer.int4 = pack_int4(gguf_int4_codes(raw, qtype, rows), COMPUTE_DTYPE)
+                layer.quant_kind = "int4"
+            elif qtype in INT8_TYPES:
+                q, scale = quantize_int8_rows(gguf_q8_0_values(raw, rows))
+                layer.int8_q, layer.int8_scale = q, scale.to(COMPUTE_DTYPE)
+                layer.quant_kind = "int8"
+        if layer.quant_kind != "dense":
+            _drop_dense(layer)
+        layer.gguf_raw = None  # the raw blocks are not needed after packing
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in] -> [..., out]."""
+        kind = layer.quant_kind
+        if kind == "dense":
+            return F.linear(x, layer.weight, layer.bias)
+        x2, lead = _flat(x)
+        if kind == "int4":
+            packed: PackedInt4 = layer.int4
+            y = int4_matmul(x2, packed)
+        else:
+            y = int8_matmul(x2, layer.int8_q, layer.int8_scale)
+        if layer.bias is not None:
+            y = y + layer.bias
+        return y.reshape(*lead, y.shape[-1])
+
+
+class Int8WeightOnlyLinearMethod(LinearMethod):
+    """Per-output-row symmetric int8 weights; activations stay in floating point."""
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        q, scale = quantize_int8_rows(layer.weight.data)
+        layer.int8_q, layer.int8_scale = q, scale.to(COMPUTE_DTYPE)
+        _drop_dense(layer)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in] -> [..., out]."""
+        x2, lead = _flat(x)
+        y = int8_matmul(x2, layer.int8_q, layer.int8_scale)
+        if layer.bias is not None:
+            y = y + layer.bias
+        return y.reshape(*lead, y.shape[-1])
