@@ -1,0 +1,54 @@
+"""The CUDA platform object: device info, per-SM defaults and memory queries."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from infer.core.platform import DeviceInfo, Platform, ProbeResult, SettingAdjustment
+
+
+def flashinfer_available() -> bool:
+    return importlib.util.find_spec("flashinfer") is not None
+
+
+def default_attention_backend(generation: str) -> str:
+    """sm90/sm100: flashinfer when installed, else our Triton kernels; elsewhere Triton."""
+    if generation in ("sm90", "sm100") and flashinfer_available():
+        return "flashinfer"
+    return "triton"
+
+
+class CudaPlatform(Platform):
+    name = "cuda"
+    torch_device = "cuda"
+    dist_backend = "nccl"
+    default_graph_runner = "cuda_graph"
+
+    def __init__(self, info: DeviceInfo) -> None:
+        super().__init__(info)
+        self.default_attention_backend = default_attention_backend(info.generation)
+
+    def memory_available(self) -> int:
+        import torch
+
+        free, _total = torch.cuda.mem_get_info()
+        return int(free)
+
+    def synchronize(self) -> None:
+        import torch
+
+        torch.cuda.synchronize()
+
+    def default_adjustments(self, args: Any) -> list[SettingAdjustment]:
+        out = []
+        if getattr(args, "attention_backend", "unset") is None:
+            out.append(SettingAdjustment(
+                "attention_backend", self.default_attention_backend,
+                f"default attention backend on {self.generation}"))
+        return out
+
+
+def create_platform(result: ProbeResult) -> Platform:
+    assert result.device is not None
+    return CudaPlatform(result.device)
