@@ -1,0 +1,139 @@
+"""The arithmetic of ``infer bench`` (percentiles, throughputs, ITL, lengths), not its timings."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+
+import httpx
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from infer.cli.bench_data import BenchRequest, sample_lengths
+from infer.cli.bench_metrics import (
+    RequestRecord,
+    Summary,
+    inter_token_latencies,
+    offline_metrics,
+    one_batch_metrics,
+    percentile,
+    serving_metrics,
+)
+from infer.cli.bench_serving import arrival_gaps, run_serving
+
+
+def test_percentile_hand_values():
+    xs = [4.0, 1.0, 3.0, 2.0]
+    assert percentile(xs, 0) == 1.0 and percentile(xs, 100) == 4.0
+    assert percentile(xs, 50) == 2.5
+    assert percentile(xs, 99) == pytest.approx(3.97)
+    assert percentile([7.0], 99) == 7.0
+    assert math.isnan(percentile([], 50))
+    with pytest.raises(ValueError):
+        percentile(xs, 101)
+
+
+@given(st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=50), st.floats(0, 100))
+def test_percentile_matches_numpy_linear(xs, q):
+    assert percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)), rel=1e-9, abs=1e-6)
+
+
+def test_summary_in_milliseconds():
+    s = Summary.of([0.1, 0.2, 0.3])
+    assert s.mean_ms == pytest.approx(200) and s.median_ms == pytest.approx(200)
+    assert s.min_ms == pytest.approx(100) and s.max_ms == pytest.approx(300)
+    assert s.p99_ms == pytest.approx(298)
+
+
+def test_itl_from_timestamps():
+    assert inter_token_latencies([1.0, 1.5, 1.75, 2.75]) == [0.5, 0.25, 1.0]
+    assert inter_token_latencies([3.0]) == []
+
+
+def _rec(start, chunks, end, n_in, n_out):
+    return RequestRecord(start=start, chunk_times=chunks, end=end, input_tokens=n_in,
+                         output_tokens=n_out, ok=True)
+
+
+def test_serving_metrics_two_requests():
+    a = _rec(0.0, [0.5, 0.6, 0.8], 0.8, 10, 3)  # ttft .5, e2e .8, tpot (.8-.5)/2 = .15
+    b = _rec(1.0, [1.2, 1.6], 2.0, 20, 5)  # ttft .2, e2e 1.0, tpot (2.0-1.2)/4 = .2
+    bad = RequestRecord(start=0.0, error="HTTP 400: nope")
+    m = serving_metrics([a, b, bad], duration=2.0)
+    assert m["completed"] == 2 and m["failed"] == 1 and m["errors"] == ["HTTP 400: nope"]
+    assert m["total_input_tokens"] == 30 and m["total_output_tokens"] == 8
+    assert m["request_throughput"] == pytest.approx(1.0)
+    assert m["output_throughput"] == pytest.approx(4.0)
+    assert m["total_token_throughput"] == pytest.approx(19.0)
+    assert m["ttft"]["mean_ms"] == pytest.approx(350)
+    assert m["e2e"]["median_ms"] == pytest.approx(900)
+    assert m["tpot"]["mean_ms"] == pytest.approx(175)
+    # ITL gaps: .1, .2 from a; .4 from b
+    assert m["itl"]["median_ms"] == pytest.approx(200)
+    assert m["itl"]["mean_ms"] == pytest.approx(700 / 3)
+    assert m["concurrency"] == pytest.approx(0.9)
+
+
+def test_one_batch_and_offline_metrics():
+    m = one_batch_metrics(4, 128, 3, prefill_s=0.5, decode_step_s=[0.1, 0.3])
+    assert m["prefill_throughput"] == pytest.approx(4 * 128 / 0.5)
+    assert m["decode_throughput"] == pytest.approx(8 / 0.4)
+    assert m["decode_latency_median_s"] == pytest.approx(0.2)
+    assert m["overall_throughput"] == pytest.approx(4 * 131 / 0.9)
+    o = offline_metrics(10, 1000, 500, 5.0)
+    assert o["request_throughput"] == 2.0 and o["output_throughput"] == 100.0
+    assert o["total_token_throughput"] == 300.0
+    with pytest.raises(ValueError):
+        offline_metrics(1, 1, 1, 0.0)
+
+
+def test_sample_lengths_range_and_fixed():
+    rng = random.Random(1)
+    ls = sample_lengths(500, 100, 40, 0.5, rng)
+    assert all(50 <= i <= 100 and 20 <= o <= 40 for i, o in ls)
+    assert len({i for i, _ in ls}) > 20
+    assert sample_lengths(3, 7, 9, 1.0, rng) == [(7, 9)] * 3
+    with pytest.raises(ValueError):
+        sample_lengths(3, 7, 9, 0.0, rng)
+
+
+def test_arrival_gaps_poisson_mean():
+    gaps = arrival_gaps(4000, 8.0, random.Random(0))
+    assert sum(gaps) / len(gaps) == pytest.approx(1 / 8, rel=0.05)
+    assert arrival_gaps(3, math.inf, random.Random(0)) == [0.0] * 3
+
+
+class _Tok:
+    def encode(self, text, add_special_tokens=False):
+        return text.split()
+
+
+def _sse(handler_tokens, with_usage):
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if body["max_tokens"] == 999:
+            return httpx.Response(400, json={"error": {"message": "bad"}})
+        assert body["stream"] and body["ignore_eos"]
+        lines = [f"data: {json.dumps({'choices': [{'text': t}]})}\n\n"
+                 for t in handler_tokens[: body["max_tokens"]]]
+        if with_usage:
+            usage = {"completion_tokens": body["max_tokens"], "prompt_tokens": 1}
+            lines.append(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n")
+        lines.append("data: [DONE]\n\n")
+        return httpx.Response(200, content="".join(lines).encode(),
+                              headers={"content-type": "text/event-stream"})
+    return handler
+
+
+@pytest.mark.parametrize("with_usage", [True, False])
+def test_run_serving_counts_tokens_and_failures(with_usage):
+    reqs = [BenchRequest("p", [1, 2, 3], 4), BenchRequest("q", [1], 2), BenchRequest("r", [1], 999)]
+    transport = httpx.MockTransport(_sse(["a ", "b ", "c ", "d "], with_usage))
+    res = asyncio.run(run_serving("http://bench.invalid", "m", reqs, _Tok(), max_concurrency=2,
+                                  progress=False, transport=transport))
+    assert res["completed"] == 2 and res["failed"] == 1
+    assert res["total_input_tokens"] == 4 and res["total_output_tokens"] == 6
+    assert res["errors"][0].startswith("HTTP 400")
