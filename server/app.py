@@ -1,0 +1,61 @@
+"""The FastAPI application: routes, error handlers and the shared ``ServerState``.
+
+No ``@app.middleware("http")`` (it would hide client disconnects from the routes): API keys are
+route dependencies, errors are exception handlers. Every error leaves as an OpenAI-style body;
+an unexpected exception is logged with its traceback and answered 500 without it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from infer.server import routes_native, routes_openai
+from infer.server.errors import APIError, error_body
+from infer.server.serving import ServerState
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger("infer.server")
+
+
+def build_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="infer", root_path=getattr(state.args, "fastapi_root_path", "") or "",
+                  docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.infer = state
+    app.include_router(routes_native.open_router)
+    app.include_router(routes_native.api_router)
+    app.include_router(routes_native.admin_router)
+    app.include_router(routes_openai.router)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> JSONResponse:
+        raise APIError(501, "embeddings are not implemented by infer (--is-embedding is "
+                            "not-implemented in the support matrix)", code="not_implemented")
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, err: APIError) -> JSONResponse:
+        return err.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, err: RequestValidationError) -> JSONResponse:
+        return JSONResponse(error_body(400, f"invalid request: {err.errors()[:1]}"), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        message = str(err.detail)
+        if err.status_code == 404:
+            message = f"no route {request.method} {request.url.path}"
+        elif err.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        return JSONResponse(error_body(err.status_code, message), status_code=err.status_code,
+                            headers=getattr(err, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, err: Exception) -> JSONResponse:
+        logger.exception("unexpected error on %s", request.url.path)
+        return JSONResponse(error_body(500, f"internal error: {type(err).__name__}: {err}"),
+                            status_code=500)
+
+    return app

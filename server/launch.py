@@ -1,0 +1,210 @@
+"""``launch_server``: start the engine process, serve HTTP, warm up, drain on SIGTERM.
+
+Process layout: this (HTTP) process binds two ZMQ ipc sockets and spawns the engine process,
+which builds the EngineCore and connects. The HTTP side owns tokenisation, chat templates and
+detokenisation, so its event loop never waits on a forward pass.
+
+Exit codes: 0 after a clean shutdown (SIGINT, or SIGTERM once running requests drained), 1 when
+the engine died or failed to start or warm up, 2 for a bad server option.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from types import FrameType
+from typing import Any
+
+import httpx
+import uvicorn
+import zmq
+import zmq.asyncio
+from infer.server import ipc
+from infer.server.app import build_app
+from infer.server.chat import resolve_chat_template
+from infer.server.engine_client import EngineClient
+from infer.server.engine_proc import DEFAULT_CORE, run_engine_process
+from infer.server.metrics import Metrics
+from infer.server.reasoning import check_parser
+from infer.server.serving import ServerState
+from infer.server.tool_parsers import get_parser
+
+logger = logging.getLogger("infer.server")
+
+DRAIN_TIMEOUT_S = 60.0  # SIGTERM: the longest running requests may take to finish
+_ENGINE_STOP_S = 10.0
+
+
+class StartupError(Exception):
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def launch_server(args: Any, *, core_factory: str = DEFAULT_CORE) -> int:
+    """Serve until shut down; returns the process exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        _check_options(args)
+        return asyncio.run(_serve(args, core_factory))
+    except StartupError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return err.code
+
+
+def _check_options(args: Any) -> None:
+    try:
+        if getattr(args, "tool_call_parser", None):
+            get_parser(args.tool_call_parser)
+        if getattr(args, "reasoning_parser", None):
+            check_parser(args.reasoning_parser)
+        if getattr(args, "chat_template", None):
+            resolve_chat_template(args.chat_template, None)
+    except ValueError as err:
+        raise StartupError(str(err), 2) from None
+    if getattr(args, "is_embedding", False):
+        raise StartupError("--is-embedding: embedding models are not implemented by infer", 2)
+
+
+async def _serve(args: Any, core_factory: str) -> int:
+    ipc_dir = tempfile.mkdtemp(prefix="infer-ipc-")
+    ctx = zmq.asyncio.Context()
+    push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    push.setsockopt(zmq.LINGER, 0)
+    to_engine, from_engine = f"ipc://{ipc_dir}/to_engine", f"ipc://{ipc_dir}/from_engine"
+    push.bind(to_engine)
+    pull.bind(from_engine)
+    proc = multiprocessing.get_context("spawn").Process(
+        target=run_engine_process, args=(args, to_engine, from_engine, core_factory),
+        name="infer-engine", daemon=True)
+    proc.start()
+    client: EngineClient | None = None
+    try:
+        ready = await _wait_ready(pull, proc)
+        client = EngineClient(proc, pull, push, ready)
+        client.start()
+        return await _run_http(args, client)
+    finally:
+        if client is not None:
+            await _stop_engine(client)
+            await client.close()
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        push.close()
+        pull.close()
+        ctx.term()
+        shutil.rmtree(ipc_dir, ignore_errors=True)
+
+
+async def _wait_ready(pull: zmq.asyncio.Socket, proc: Any) -> ipc.Ready:
+    while True:
+        if await pull.poll(200):
+            msg = await pull.recv_pyobj()
+            if isinstance(msg, ipc.Ready):
+                return msg
+            if isinstance(msg, ipc.Fatal):
+                raise StartupError(msg.message, 1)
+        elif not proc.is_alive():
+            raise StartupError(f"the engine process exited with code {proc.exitcode} while starting", 1)
+
+
+async def _stop_engine(client: EngineClient) -> None:
+    if client.dead:
+        return
+    try:
+        await client.call("shutdown", timeout=_ENGINE_STOP_S)
+    except Exception as err:  # noqa: BLE001 - the process is terminated next anyway
+        logger.warning("engine did not stop cleanly: %s", err)
+    client.proc.join(_ENGINE_STOP_S)
+
+
+async def _run_http(args: Any, client: EngineClient) -> int:
+    ready = client.ready
+    model_name = getattr(args, "served_model_name", None) or str(getattr(args, "model_path", "model"))
+    state = ServerState(
+        args=args, client=client, tokenizer=ready.tokenizer,
+        chat_template=resolve_chat_template(getattr(args, "chat_template", None), ready.chat_template),
+        model_name=model_name, context_length=ready.context_length,
+        metrics=Metrics(model_name, args) if getattr(args, "enable_metrics", False) else None)
+    host, port = getattr(args, "host", "127.0.0.1"), int(getattr(args, "port", 30000))
+    config = uvicorn.Config(build_app(state), host=host, port=port, lifespan="off",
+                            log_level=getattr(args, "uvicorn_log_level", None) or "warning",
+                            timeout_graceful_shutdown=5, access_log=False)
+    server = _Server(config, state)
+    client.on_death = server.engine_died
+    tasks = [asyncio.create_task(server.drain_watch()),
+             asyncio.create_task(_announce(server, args, f"http://{host}:{port}"))]
+    try:
+        await server.serve()
+    except SystemExit as err:  # uvicorn exits this way when it cannot bind
+        raise StartupError(f"cannot serve on {host}:{port}", 1) from err
+    finally:
+        for t in tasks:
+            t.cancel()
+    return server.exit_code
+
+
+class _Server(uvicorn.Server):
+    """uvicorn with a draining SIGTERM: refuse new requests, let running ones finish, then exit."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self.state = state
+        self.exit_code = 0
+        self.drain_deadline: float | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and self.drain_deadline is None and not self.should_exit:
+            self.state.draining = True
+            self.drain_deadline = time.monotonic() + DRAIN_TIMEOUT_S
+            logger.warning("SIGTERM: draining %d running request(s) (at most %.0f s); new requests get 503",
+                           self.state.in_flight, DRAIN_TIMEOUT_S)
+            return
+        if self.should_exit:
+            self.force_exit = True
+        self.should_exit = True
+
+    def engine_died(self, why: str) -> None:
+        self.exit_code = 1
+        self.state.draining = True
+        self.should_exit = True
+
+    async def drain_watch(self) -> None:
+        while True:
+            await asyncio.sleep(0.05)
+            if self.drain_deadline is not None and not self.should_exit:
+                if self.state.in_flight == 0 or time.monotonic() > self.drain_deadline:
+                    logger.warning("drained (%d request(s) still running); shutting down",
+                                   self.state.in_flight)
+                    self.should_exit = True
+
+
+async def _announce(server: _Server, args: Any, url: str) -> None:
+    """Wait for the socket, warm up through HTTP, then print the one ready line."""
+    while not server.started:
+        await asyncio.sleep(0.05)
+    if not getattr(args, "skip_server_warmup", False):
+        key = getattr(args, "api_key", None)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        body = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 4,
+                                                                        "temperature": 0.0}}
+        try:
+            async with httpx.AsyncClient(timeout=600) as http:
+                resp = await http.post(f"{url}/generate", json=body, headers=headers)
+            resp.raise_for_status()
+        except Exception as err:  # noqa: BLE001 - a failed warm-up stops the server
+            logger.error("warm-up request failed: %s", err)
+            server.exit_code = 1
+            server.should_exit = True
+            return
+    print(f"infer server is ready at {url} (model {server.state.model_name!r})", flush=True)
