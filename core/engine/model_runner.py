@@ -1,0 +1,282 @@
+"""ModelRunner: the only place that builds tensors. Owns the KV cache and runs one batch.
+
+Per step: ``run(batch)`` builds a ForwardBatch from the scheduler's plain ScheduleBatch, calls
+``attn_backend.plan(meta)`` once, runs the model (or the graph runner for decode batches it
+covers), samples every row that needs a token in one vectorised pass, and copies the sampled ids
+(and logprobs when asked) to the host once.
+
+Graph-runner contract (a platform plugin registers ``factory(model_runner, server_args)`` under
+``platform.default_graph_runner`` in ``register_graph_runners``):
+  - At start-up the runner calls ``capture()``; it may use ``model_runner.model``,
+    ``.attn_backend``, ``.kv_cache``, ``.device``, ``.arch``, ``.page_size``,
+    ``.max_pages_per_seq`` and ``.build_forward_batch(DecodeInputs)`` to make ForwardBatch
+    objects over its own static buffers (``make_decode_inputs(bs)`` gives dummy decode inputs
+    whose rows read and write only the scratch page 0).
+  - Per decode step the runner gets ``can_run(fwd)`` / ``run(fwd) -> logits [B, V]`` with the
+    eager ForwardBatch (device tensors already built, ``attn_backend.plan`` NOT called): it
+    copies ``fwd.input_ids``, ``fwd.positions`` and ``fwd.attn`` tensors into its static
+    buffers (padding rows: seq_len 1, block table row of zeros, slot 0), plans in place,
+    replays, and returns the logits of the real rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from infer.core.engine.forward_batch import ForwardBatch
+from infer.core.engine.request import Request
+from infer.core.engine.scheduler import ScheduleBatch
+from infer.core.ops.attention import AttentionConfig, AttentionMetadata, KVCache
+from infer.core.sampling.sampler import SamplingTensors, prompt_logprobs, sample
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DecodeInputs:
+    """Host-side inputs of a decode-only batch (one token per sequence)."""
+
+    input_ids: list[int]
+    positions: list[int]
+    seq_lens: list[int]
+    block_tables: list[list[int]]
+    slot_mapping: list[int]
+
+
+@dataclass
+class StepResult:
+    """Host-side results of one step, per sampled sequence in batch order."""
+
+    sampled: list[tuple[Request, int]] = field(default_factory=list)  # (req, token id)
+    logprobs: dict[str, float] = field(default_factory=dict)  # rid -> logprob of its token
+    top_logprobs: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    # rid -> [(position, logprob of the prompt token at position, top list)]
+    prompt_logprobs: dict[str, list[tuple[int, float, list[tuple[int, float]]]]] = \
+        field(default_factory=dict)
+
+
+class ModelRunner:
+    def __init__(self, loaded: Any, server_args: Any, num_pages: int, page_size: int,
+                 platform: Any, grammar: Any = None) -> None:
+        self.loaded = loaded
+        self.model = loaded.model
+        self.arch = loaded.arch
+        self.platform = platform
+        self.device = torch.device(platform.torch_device)
+        self.page_size = page_size
+        self.num_pages = num_pages
+        self.vocab_size = self.arch.vocab_size
+        self.context_length = self.arch.context_length
+        self.max_pages_per_seq = -(-self.context_length // page_size) + 1
+        self.grammar = grammar
+        shape = (num_pages, page_size, self.arch.num_kv_heads, self.arch.head_dim)
+        self.kv_cache = KVCache(
+            k=[torch.zeros(shape, dtype=self.arch.kv_dtype, device=self.device)
+               for _ in range(self.arch.num_layers)],
+            v=[torch.zeros(shape, dtype=self.arch.kv_dtype, device=self.device)
+               for _ in range(self.arch.num_layers)])
+        ctx = loaded.ctx
+        if getattr(ctx, "attn_backend", None) is None:
+            tp = getattr(ctx, "tp_size", 1) or 1
+            ctx.create_attention_backend(AttentionConfig(
+                num_heads=self.arch.num_heads // tp, num_kv_heads=max(1, self.arch.num_kv_heads // tp),
+                head_dim=self.arch.head_dim, scale=self.arch.head_dim ** -0.5, page_size=page_size,
+                dtype=self.arch.dtype, kv_dtype=self.arch.kv_dtype, device=self.device,
+                num_layers=self.arch.num_layers,
+                max_batch_size=getattr(server_args, "max_running_requests", None) or 256,
+                max_context_len=self.context_length))
+        self.attn_backend = ctx.attn_backend
+        self.graph_runner = self._make_graph_runner(server_args)
+
+    # -- graph runner --------------------------------------------------------------------------
+    def _make_graph_runner(self, server_args: Any) -> Any:
+        name = getattr(self.platform, "default_graph_runner", None)
+        if not name or getattr(server_args, "disable_cuda_graph", False):
+            return None
+        from infer.core.plugins import Registries, get_plugin_host
+
+        factory = Registries.pick(get_plugin_host().registries.graph_runners, name, self.platform.name)
+        if factory is None:
+            return None
+        runner = factory(self, server_args)
+        runner.capture()
+        log.info("graph runner %s captured", name)
+        return runner
+
+    def make_decode_inputs(self, bs: int) -> DecodeInputs:
+        """Dummy decode inputs for capture: every row one token at position 0 in page 0."""
+        return DecodeInputs([0] * bs, [0] * bs, [1] * bs, [[0]] * bs, [0] * bs)
+
+    # -- building tensors ----------------------------------------------------------------------
+    def build_forward_batch(self, d: DecodeInputs) -> ForwardBatch:
+        """A decode-only ForwardBatch (one new token per sequence) on the device."""
+        b = len(d.input_ids)
+        return self._forward_batch(d.input_ids, d.positions, [1] * b, d.seq_lens, d.block_tables,
+                                   d.slot_mapping, list(range(b)))
+
+    def _forward_batch(self, ids: list[int], pos: list[int], extend: list[int], seq_lens: list[int],
+                       tables: list[list[int]], slots: list[int], logit_rows: list[int]) -> ForwardBatch:
+        dev = self.device
+        width = max(len(t) for t in tables)
+        table = torch.zeros((len(tables), width), dtype=torch.int32)
+        for i, t in enumerate(tables):
+            table[i, :len(t)] = torch.tensor(t, dtype=torch.int32)
+        qsl = [0]
+        for e in extend:
+            qsl.append(qsl[-1] + e)
+        meta = AttentionMetadata(
+            num_seqs=len(extend), num_tokens=len(ids), page_size=self.page_size,
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            prefix_lens=torch.tensor([s - e for s, e in zip(seq_lens, extend, strict=True)],
+                                     dtype=torch.int32, device=dev),
+            block_tables=table.to(dev), slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            seq_lens_cpu=list(seq_lens), extend_lens_cpu=list(extend),
+            max_seq_len=max(seq_lens), max_extend_len=max(extend))
+        return ForwardBatch(
+            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
+            positions=torch.tensor(pos, dtype=torch.int64, device=dev), attn=meta,
+            logits_indices=torch.tensor(logit_rows, dtype=torch.int64, device=dev),
+            kv_cache=self.kv_cache)
+
+    def prepare(self, batch: ScheduleBatch) -> tuple[ForwardBatch, list[tuple[Request, int, int]]]:
+        """ForwardBatch for a scheduled batch plus, per sequence, (req, first logit row,
+        number of logit rows); the last logit row of a sampled sequence is its sampling row."""
+        ps = self.page_size
+        ids, pos, extend, seq_lens, tables, slots, rows, spans = [], [], [], [], [], [], [], []
+        t = 0
+        for s in batch.seqs:
+            r, nc, e = s.req, s.req.num_computed, s.extend_len
+            all_ids = r.all_ids
+            ids.extend(all_ids[nc:nc + e])
+            pos.extend(range(nc, nc + e))
+            extend.append(e)
+            seq_lens.append(nc + e)
+            tables.append(r.pages[:-(-(nc + e) // ps)])
+            slots.extend(r.pages[p // ps] * ps + p % ps for p in range(nc, nc + e))
+            first = len(rows)
+            if self._wants_prompt_logprobs(r):  # rows for positions lo .. nc+e-1
+                lo = max(nc, r.logprob_start_len)
+                if s.sample:
+                    lo = min(lo, nc + e - 1)
+                rows.extend(range(t + lo - nc, t + e))
+            elif s.sample:
+                rows.append(t + e - 1)
+            spans.append((r, first, len(rows) - first))
+            t += e
+        if not rows:
+            rows = [t - 1]  # the model needs at least one row; its logits are unused
+        return self._forward_batch(ids, pos, extend, seq_lens, tables, slots, rows), spans
+
+    @staticmethod
+    def _wants_prompt_logprobs(r: Request) -> bool:
+        return (r.return_logprob and r.logprob_start_len >= 0 and not r.output_ids
+                and r.num_computed < len(r.prompt_ids))
+
+    # -- running -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def run(self, batch: ScheduleBatch) -> StepResult:
+        fwd, spans = self.prepare(batch)
+        if self.graph_runner is not None and fwd.attn.is_decode_only and self.graph_runner.can_run(fwd):
+            logits = self.graph_runner.run(fwd)
+        else:
+            self.attn_backend.plan(fwd.attn)
+            logits = self.model(fwd)  # [N, V]
+        res = StepResult()
+        sample_rows, sample_reqs = [], []
+        for s, (req, first, n) in zip(batch.seqs, spans, strict=True):
+            if s.sample:
+                sample_rows.append(first + n - 1)
+                sample_reqs.append(req)
+        if sample_reqs:
+            self._sample(logits[sample_rows], sample_reqs, res)
+        self._prompt_logprobs(logits, batch, spans, res)
+        return res
+
+    def _sample(self, logits: torch.Tensor, reqs: list[Request], res: StepResult) -> None:
+        t = self.sampling_tensors(reqs)
+        out = sample(logits, t)
+        ids = out.ids.tolist()  # the one device->host copy of the step
+        res.sampled = list(zip(reqs, ids, strict=True))
+        if out.logprobs is not None:
+            lps = out.logprobs.tolist()
+            top_v = out.top_logprobs.tolist() if out.top_logprobs is not None else None
+            top_i = out.top_ids.tolist() if out.top_ids is not None else None
+            for i, r in enumerate(reqs):
+                if r.return_logprob:
+                    res.logprobs[r.rid] = lps[i]
+                    if top_v is not None and r.top_logprobs_num > 0:
+                        k = r.top_logprobs_num
+                        res.top_logprobs[r.rid] = list(zip(top_i[i][:k], top_v[i][:k], strict=True))
+
+    def _prompt_logprobs(self, logits: torch.Tensor, batch: ScheduleBatch,
+                         spans: list[tuple[Request, int, int]], res: StepResult) -> None:
+        for s, (req, first, n) in zip(batch.seqs, spans, strict=True):
+            if not self._wants_prompt_logprobs(req) or n == 0:
+                continue
+            lo = max(req.num_computed, req.logprob_start_len)
+            n_rows = n - (1 if s.sample else 0)  # rows whose next token is a known prompt token
+            if n_rows <= 0:
+                continue
+            all_ids = req.all_ids
+            targets = torch.tensor(all_ids[lo + 1:lo + 1 + n_rows], dtype=torch.int64, device=self.device)
+            chosen, vals, idx = prompt_logprobs(logits[first:first + n_rows], targets,
+                                                req.top_logprobs_num)
+            chosen_l = chosen.tolist()
+            top = ([list(zip(i_, v_, strict=True)) for i_, v_ in zip(idx.tolist(), vals.tolist(), strict=True)]
+                   if vals is not None else [[] for _ in chosen_l])
+            res.prompt_logprobs[req.rid] = [(lo + 1 + j, chosen_l[j], top[j]) for j in range(n_rows)]
+
+    def sampling_tensors(self, reqs: list[Request]) -> SamplingTensors:
+        dev, v = self.device, self.vocab_size
+        ps = [r.params for r in reqs]
+        greedy = [p.greedy for p in ps]
+        top_k = [v if p.top_k < 1 else min(p.top_k, v) for p in ps]
+        t = SamplingTensors(
+            temperature=torch.tensor([p.temperature for p in ps], dtype=torch.float32, device=dev),
+            top_p=torch.tensor([p.top_p for p in ps], dtype=torch.float32, device=dev),
+            top_k=torch.tensor(top_k, dtype=torch.int64, device=dev),
+            min_p=torch.tensor([p.min_p for p in ps], dtype=torch.float32, device=dev),
+            greedy=torch.tensor(greedy, dtype=torch.bool, device=dev),
+            seed=torch.tensor([r.seed for r in reqs], dtype=torch.int64, device=dev),
+            step=torch.tensor([len(r.output_ids) for r in reqs], dtype=torch.int64, device=dev),
+            all_greedy=all(greedy),
+            need_top_filter=any(k < v or p.top_p < 1 or p.min_p > 0 for k, p in zip(top_k, ps, strict=True)),
+            logprobs=any(r.return_logprob for r in reqs),
+            top_logprobs=max((r.top_logprobs_num for r in reqs if r.return_logprob), default=0))
+        b = len(reqs)
+        if any(p.repetition_penalty != 1.0 for p in ps):
+            seen = torch.zeros((b, v), dtype=torch.bool)
+            for i, r in enumerate(reqs):
+                seen[i, torch.tensor(r.all_ids, dtype=torch.int64)] = True
+            t.seen_mask = seen.to(dev)
+            t.repetition_penalty = torch.tensor([p.repetition_penalty for p in ps], device=dev)
+        if any(p.frequency_penalty or p.presence_penalty for p in ps):
+            counts = torch.zeros((b, v), dtype=torch.float32)
+            for i, r in enumerate(reqs):
+                if r.output_ids:
+                    counts[i].index_add_(0, torch.tensor(r.output_ids, dtype=torch.int64),
+                                         torch.ones(len(r.output_ids)))
+            t.output_counts = counts.to(dev)
+            t.frequency_penalty = torch.tensor([p.frequency_penalty for p in ps], device=dev)
+            t.presence_penalty = torch.tensor([p.presence_penalty for p in ps], device=dev)
+        blocked = [(i, self._stop_ids(r)) for i, r in enumerate(reqs)
+                   if len(r.output_ids) < r.params.min_new_tokens]
+        if any(ids for _, ids in blocked):
+            mask = torch.zeros((b, v), dtype=torch.bool)
+            for i, ids in blocked:
+                mask[i, [x for x in ids if x < v]] = True
+            t.stop_mask = mask.to(dev)
+        if any(r.grammar is not None for r in reqs):
+            t.grammar_bitmask = self.grammar.bitmask([r.grammar for r in reqs]).to(dev)
+        return t
+
+    @staticmethod
+    def _stop_ids(r: Request) -> list[int]:
+        ids = list(r.params.stop_token_ids)
+        if not r.params.ignore_eos:
+            ids.extend(r.eos_ids)
+        return ids

@@ -1,0 +1,67 @@
+"""Orderings of the waiting queue (--schedule-policy) and priority comparison. No torch.
+
+Every policy returns a permutation of the waiting list; it never drops or adds requests.
+    fcfs        arrival order (retracted requests keep their place at the front)
+    lpm         longest cached-prefix match first (ties: arrival order)
+    dfs-weight  depth-first over the trie of waiting prompts, heaviest subtree first, so requests
+                sharing a prefix run back to back and the largest sharing groups go first
+    lof         longest output (max_new_tokens) first
+    random      a seeded shuffle
+    priority    priority only (same as fcfs with --enable-priority-scheduling)
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+
+from infer.core.engine.request import Request
+
+POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random", "priority")
+
+
+def priority_key(req: Request, low_values_first: bool) -> int:
+    """Smaller key = scheduled earlier."""
+    return req.priority if low_values_first else -req.priority
+
+
+def order_waiting(waiting: Sequence[Request], policy: str, prefix_len: Callable[[Request], int],
+                  rng: random.Random, priority: bool = False, low_values_first: bool = False
+                  ) -> list[Request]:
+    if policy not in POLICIES:
+        raise ValueError(f"schedule_policy: must be one of {', '.join(POLICIES)}, got {policy!r}")
+    reqs = list(waiting)
+    if policy == "lpm":
+        lens = {id(r): prefix_len(r) for r in reqs}
+        reqs.sort(key=lambda r: -lens[id(r)])
+    elif policy == "dfs-weight":
+        reqs = _dfs_weight(reqs, 0)
+    elif policy == "lof":
+        reqs.sort(key=lambda r: -(r.params.max_new_tokens or 1 << 30))
+    elif policy == "random":
+        rng.shuffle(reqs)
+    if priority or policy == "priority":
+        reqs.sort(key=lambda r: priority_key(r, low_values_first))  # stable: policy order within
+    return reqs
+
+
+def _dfs_weight(reqs: list[Request], depth: int) -> list[Request]:
+    """Requests grouped by the token at ``depth`` of their prompt; groups with more requests
+    first (ties: earliest member first); within a group, recurse one token deeper."""
+    if len(reqs) <= 1:
+        return reqs
+    while True:  # skip the common prefix in one go
+        heads = {tuple(r.prompt_ids[depth:depth + 1]) for r in reqs}
+        if len(heads) != 1 or heads == {()}:
+            break
+        depth += 1
+    done = [r for r in reqs if len(r.prompt_ids) <= depth]
+    groups: dict[int, list[Request]] = {}
+    for r in reqs:
+        if len(r.prompt_ids) > depth:
+            groups.setdefault(r.prompt_ids[depth], []).append(r)
+    ordered = sorted(groups.values(), key=lambda g: (-len(g), reqs.index(g[0])))
+    out = list(done)
+    for g in ordered:
+        out.extend(_dfs_weight(g, depth + 1))
+    return out
