@@ -1,0 +1,72 @@
+"""Developer sessions: ``nox -s tests``, ``lint``, ``serve`` (the quickstart), ``bench``, ``device``.
+
+Plugins are found as ``plugins/*/pyproject.toml``, never listed here, so a new plugin folder is
+installed and tested without touching this file. The virtualenvs see the system site-packages:
+torch is a multi-gigabyte download, so an already installed torch is reused, while infer itself
+and its plugins are always installed into the session's own environment (editable).
+
+``device`` runs the GPU-marked tests and is opt-in: it is not in the default session list.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+PLUGINS = sorted(p.parent for p in ROOT.glob("plugins/*/pyproject.toml"))
+VENV = ["--system-site-packages"]
+
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+
+def install_infer(session: nox.Session, extras: str = "test") -> None:
+    session.install("-e", f".[{extras}]" if extras else ".")
+    for plugin in PLUGINS:
+        session.install("-e", str(plugin.relative_to(ROOT)))
+
+
+def plugin_test_dirs() -> list[str]:
+    return [str(p.relative_to(ROOT) / "tests") for p in PLUGINS if (p / "tests").is_dir()]
+
+
+@nox.session(venv_params=VENV)
+def tests(session: nox.Session) -> None:
+    """Every CPU test: the core's tests/ and each plugin's tests/ (GPU tests skip themselves)."""
+    install_infer(session)
+    session.run("python", "-m", "pytest", "tests", *plugin_test_dirs(), *session.posargs)
+
+
+@nox.session(venv_params=VENV)
+def lint(session: nox.Session) -> None:
+    """ruff over the whole tree (configuration in pyproject.toml)."""
+    session.install("ruff>=0.5")
+    session.run("ruff", "check", ".", *session.posargs)
+
+
+@nox.session(venv_params=VENV)
+def serve(session: nox.Session) -> None:
+    """The quickstart: install the core and the CPU plugin, serve the default model.
+
+    Extra arguments go to ``infer serve`` (``nox -s serve -- --port 8000``).
+    """
+    session.install("-e", ".", "-e", "plugins/cpu")
+    session.run("infer", "doctor")
+    session.run("infer", "serve", "--model-path", "smollm2", *session.posargs)
+
+
+@nox.session(venv_params=VENV)
+def bench(session: nox.Session) -> None:
+    """The benchmarks (numbers printed, never asserted): ``infer bench`` with the given args."""
+    install_infer(session, extras="bench")
+    session.run("infer", "bench", *session.posargs)
+
+
+@nox.session(venv_params=VENV)
+def device(session: nox.Session) -> None:
+    """GPU tests (opt-in, needs a CUDA machine): the tests marked ``gpu``."""
+    install_infer(session)
+    session.run("python", "-m", "pytest", "-m", "gpu", "tests", *plugin_test_dirs(),
+                *session.posargs)

@@ -1,0 +1,111 @@
+"""Packaging: built wheels of the core and the CPU plugin work in a fresh virtualenv, and the
+editable install maps infer.core / infer.server / infer.cli onto core/, server/, cli/.
+
+The fresh virtualenv does not see the system site-packages (so the editable infer of the
+developer environment cannot leak in); it gets the two wheels with ``--no-deps`` plus the light
+libraries ``infer doctor`` imports, which keeps the multi-gigabyte torch download out of the test.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCTOR_DEPS = ["pluggy>=1.5", "pyyaml>=6", "typer>=0.12", "rich>=13", "pydantic>=2.7",
+               "pydantic-settings>=2.3"]
+IGNORE = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "dist", "tests")
+
+
+def _run(cmd: list[str], timeout: int = 600, **kw) -> subprocess.CompletedProcess:
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+    assert out.returncode == 0, f"{' '.join(cmd)} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory) -> dict[str, Path]:
+    """Wheels of infer-core and infer-plugin-cpu, built from copies of the sources."""
+    tmp = tmp_path_factory.mktemp("wheels")
+    src = tmp / "src"
+    src.mkdir()
+    for item in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / item, src / item)
+    for folder in ("core", "server", "cli"):
+        shutil.copytree(ROOT / folder, src / folder, ignore=IGNORE)
+    shutil.copytree(ROOT / "plugins" / "cpu", tmp / "cpu", ignore=IGNORE)
+    house = tmp / "wheelhouse"
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+          "-w", str(house), str(src), str(tmp / "cpu")])
+    found = {w.name.split("-")[0]: w for w in house.glob("*.whl")}
+    assert set(found) == {"infer_core", "infer_plugin_cpu"}, found
+    return found
+
+
+def test_core_wheel_contents(wheels):
+    names = set(zipfile.ZipFile(wheels["infer_core"]).namelist())
+    for required in ("infer/core/hookspecs.py", "infer/core/plugins.py", "infer/core/support.py",
+                     "infer/core/support_core.yaml", "infer/cli/main.py", "infer/cli/doctor.py",
+                     "infer/server/__init__.py"):
+        assert required in names, required
+    assert not any(n.startswith(("core/", "cli/", "server/", "tests/")) for n in names)
+    meta = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    eps = zipfile.ZipFile(wheels["infer_core"]).read(meta).decode()
+    assert "infer = infer.cli.main:app" in eps
+
+
+def test_cpu_wheel_contents(wheels):
+    zf = zipfile.ZipFile(wheels["infer_plugin_cpu"])
+    names = set(zf.namelist())
+    assert {"infer_cpu/__init__.py", "infer_cpu/probe.py", "infer_cpu/support.yaml"} <= names
+    meta = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    assert "[infer.plugins]" in zf.read(meta).decode() and "cpu = infer_cpu" in zf.read(meta).decode()
+
+
+@pytest.mark.slow
+def test_fresh_virtualenv_runs_doctor(wheels, tmp_path):
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True, system_site_packages=False).create(env_dir)
+    py = env_dir / "bin" / "python"
+    _run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheels["infer_core"]),
+          str(wheels["infer_plugin_cpu"])])
+    _run([str(py), "-m", "pip", "install", "-q", *DOCTOR_DEPS])
+
+    where = _run([str(py), "-c", "import infer.core, infer.cli.doctor, infer_cpu; "
+                  "print(infer.core.__file__); print(infer_cpu.__file__)"], cwd=tmp_path)
+    for line in where.stdout.split():
+        assert Path(line).resolve().is_relative_to(env_dir.resolve()), line
+
+    out = _run([str(env_dir / "bin" / "infer"), "doctor", "--json"], cwd=tmp_path, timeout=120)
+    report = json.loads(out.stdout)
+    assert report["active"]["platform"] == "cpu", report["active"]
+    plugins = {p["name"]: p for p in report["plugins"]}
+    assert plugins["cpu"]["loaded"] and plugins["cpu"]["version"] == "0.1.0"
+    assert set(plugins) <= {"cpu", "core-models"}  # nothing from the developer environment
+    gen = report["active"]["generation"]
+    rows = {r["key"]: r["status"] for r in report["matrix"]["cpu"][gen]}
+    assert rows["--model-path"] == "supported"
+
+
+def _installed_from_this_tree() -> bool:
+    spec = importlib.util.find_spec("infer.core")
+    return spec is not None and spec.origin is not None and \
+        Path(spec.origin).resolve().is_relative_to(ROOT)
+
+
+@pytest.mark.skipif(not _installed_from_this_tree(), reason="infer is not installed editable here")
+def test_editable_install_maps_the_folders():
+    for package, folder in (("infer.core", "core"), ("infer.server", "server"), ("infer.cli", "cli"),
+                            ("infer.core.config", "core/config"), ("infer_cpu", "plugins/cpu/infer_cpu")):
+        spec = importlib.util.find_spec(package)
+        assert spec is not None and spec.origin is not None, package
+        assert Path(spec.origin).resolve() == (ROOT / folder / "__init__.py").resolve(), package
+    assert shutil.which("infer"), "the console script is installed"

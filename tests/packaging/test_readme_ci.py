@@ -1,0 +1,41 @@
+"""The README's quickstart, .ci/run and the noxfile agree with each other and with the tree."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _quickstart_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.DOTALL)
+    return [line for block in blocks for line in block.strip().splitlines()]
+
+
+def test_quickstart_is_two_commands():
+    serve, test = _quickstart_commands()
+    assert "plugins/cpu" in serve and "infer serve" in serve
+    assert '".[test]"' in test and "plugins/*/" in test and "pytest" in test
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    _, test = _quickstart_commands()
+    ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert test in ci_lines
+
+
+def test_noxfile_finds_every_plugin():
+    pytest.importorskip("nox")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("infer_noxfile", ROOT / "noxfile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    on_disk = {p.parent.name for p in ROOT.glob("plugins/*/pyproject.toml")}
+    assert {p.name for p in module.PLUGINS} == on_disk and "cpu" in on_disk
+    assert "plugins/cpu/tests" in module.plugin_test_dirs() or not (ROOT / "plugins/cpu/tests").is_dir()
