@@ -15,7 +15,6 @@ from types import ModuleType
 from typing import Any
 
 import pluggy
-
 from infer.core import hookspecs
 from infer.core.platform import Platform, ProbeResult
 from infer.core.support import SupportMatrix, load_data_file

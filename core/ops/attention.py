@@ -56,7 +56,7 @@ class AttentionMetadata:
 
     @property
     def prefix_lens_cpu(self) -> list[int]:
-        return [s - e for s, e in zip(self.seq_lens_cpu, self.extend_lens_cpu)]
+        return [s - e for s, e in zip(self.seq_lens_cpu, self.extend_lens_cpu, strict=True)]
 
 
 @dataclass

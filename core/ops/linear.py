@@ -33,7 +33,7 @@ class LinearMethod(ABC):
                                                device=self.config.device), requires_grad=False)
                       if bias else None)
 
-    def process_weights_after_loading(self, layer: nn.Module) -> None:
+    def process_weights_after_loading(self, layer: nn.Module) -> None:  # noqa: B027 (optional hook)
         """Called once after all weights are loaded."""
 
     @abstractmethod
