@@ -64,12 +64,20 @@ DEPRECATED: dict[str, dict[str, Any]] = {
 TOKEN = re.compile(r"^[\w\-]+$")
 
 
+# Flags on the seed page that the inventory lists no row for: kept, placed after a neighbour.
+EXTRA_PAGE_FLAGS = [("Logging", "--log-requests-level", "--log-requests"),
+                    ("Model override args", "--preferred-sampling-params", "--json-model-override-args")]
+
+
 def read_tsv(shared: Path) -> list[dict[str, Any]]:
     rows = []
     with open(shared / "flags" / "server-flags.tsv") as fh:
         for row in csv.DictReader(fh, delimiter="\t"):
             aliases = [a for a in re.split(r"[,\s]+", row["aliases"] or "") if a]
             rows.append({"section": row["section"], "flag": row["flag"], "aliases": aliases})
+    for section, flag, after in EXTRA_PAGE_FLAGS:
+        at = next(i for i, r in enumerate(rows) if r["flag"] == after) + 1
+        rows.insert(at, {"section": section, "flag": flag, "aliases": [], "extra": True})
     return rows
 
 
@@ -233,6 +241,8 @@ def build(shared: Path) -> list[dict[str, Any]]:
             raise SystemExit(f"{flag} is not on the seed page")
         rec = {"section": r["section"], "flag": flag, "aliases": r["aliases"], "dest": dest,
                **parse_row(flag, dest, text, v052)}
+        if r.get("extra"):
+            rec["not_in_inventory"] = True
         over = OVERRIDES.get(flag, {})
         rec.update(over)
         d = over.get("default")
