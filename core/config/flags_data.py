@@ -646,8 +646,9 @@ FLAGS = [{'section': 'Model and tokenizer',
   'choices': None,
   'nargs': None,
   'action': None,
-  'help': 'The device to use (‘cuda’, ‘xpu’, ‘hpu’, ‘npu’, ‘cpu’). Defaults to auto-detection if '
-          'not specified.',
+  'help': "The device platform to use: cpu, cuda, rocm, ascend, hpu (or another installed plugin's "
+          'platform), or auto. Defaults to auto-detection (the single accelerator found, else '
+          'cpu); INFER_DEVICE also sets it.',
   'default': None},
  {'section': 'Runtime options',
   'flag': '--tensor-parallel-size',

@@ -42,6 +42,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "--max-queued-requests": {"default": None},
     "--mm-per-request-timeout": {"type": "float"},
     "--lora-target-modules": {"type": "list[str]", "nargs": "*"},
+    # infer's platforms are plugins (cpu, cuda, rocm, ascend, hpu, or a third party's): open values
+    "--device": {"help": "The device platform to use: cpu, cuda, rocm, ascend, hpu (or another "
+                         "installed plugin's platform), or auto. Defaults to auto-detection (the single "
+                         "accelerator found, else cpu); INFER_DEVICE also sets it."},
 }
 
 # What each deprecated flag maps to (from the seed page and server_args.__post_init__).

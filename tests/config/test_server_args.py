@@ -179,3 +179,10 @@ def test_platform_default_only_for_unset_settings():
     assert not a.is_set("max_running_requests")
     with pytest.raises(ConfigError, match="set explicitly"):
         a.set_platform_default("page_size", 1)
+
+
+def test_server_args_survive_pickling_for_the_engine_process():
+    import pickle
+
+    a = pickle.loads(pickle.dumps(ServerArgs(model_path="m", page_size=16)))
+    assert a.page_size == 16 and a.provenance["page_size"] == "user" and not a.is_set("port")
