@@ -1,0 +1,202 @@
+"""load_model: checkpoint -> LoadedModel (model graph with weights, shapes, context, tokenizer).
+
+Weights are read one tensor at a time from memory-mapped files (safetensors, torch mmap) or the
+GGUF reader into parameters allocated once with ``torch.empty`` on the platform device, so no
+second full copy of the model exists at any time. A tqdm bar shows progress.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from infer.core.model.arch import ModelArch, config_context_length
+from infer.core.model.context import ModelContext
+from infer.core.model.loader.dtype import resolve_dtype
+from infer.core.model.loader.source import ModelSource, ModelSourceError, resolve_source
+from infer.core.model.registry import UnknownArchitectureError, resolve_model_class
+from infer.core.ops.attention import AttentionConfig
+from torch import nn
+
+MODEL_IMPLS = ("auto", "infer", "sglang", "transformers")
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                  "presence_penalty", "frequency_penalty", "max_new_tokens")
+
+__all__ = ["LoadedModel", "ModelSourceError", "UnknownArchitectureError", "load_model",
+           "load_model_from_args"]
+
+
+@dataclass
+class LoadedModel:
+    """``model.forward(fwd: ForwardBatch) -> float32 logits [N, vocab]`` at ``fwd.logits_indices``,
+    reading layer i's cache from ``fwd.kv_cache.k[i] / v[i]``; the runner calls
+    ``ctx.attn_backend.plan(fwd.attn)`` once per batch before it."""
+
+    model: nn.Module
+    arch: ModelArch
+    ctx: ModelContext
+    tokenizer: Any  # transformers tokenizer, None with skip_tokenizer_init
+    hf_config: Any
+    source: ModelSource
+    generation_config: dict[str, Any] = field(default_factory=dict)  # sampling defaults
+    eos_token_ids: list[int] = field(default_factory=list)
+    chat_template: str | None = None
+
+
+def _architecture(config: Any) -> str:
+    archs = getattr(config, "architectures", None)
+    if archs:
+        return archs[0]
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type, config.model_type)
+
+
+def _generation_config(source: ModelSource) -> dict[str, Any]:
+    path = source.directory / "generation_config.json"
+    if source.load_format == "gguf" or not path.is_file():
+        return {}
+    return json.loads(path.read_text())
+
+
+def _eos_ids(gen: dict[str, Any], config: Any, tokenizer: Any) -> list[int]:
+    ids: list[int] = []
+    for value in (gen.get("eos_token_id"), getattr(config, "eos_token_id", None),
+                  getattr(tokenizer, "eos_token_id", None)):
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, int) and v not in ids:
+                ids.append(v)
+    return ids
+
+
+def _context_length(config: Any, requested: int | None) -> int:
+    length = requested or config_context_length(config)
+    window = getattr(config, "sliding_window", None)
+    if window and getattr(config, "use_sliding_window", True) and length > window:
+        if requested:
+            raise ValueError(f"--context-length {requested} exceeds the model's sliding window "
+                             f"({window}); sliding-window attention is not implemented")
+        length = window  # within the window full attention is exact
+    return length
+
+
+def load_model(model_path: str, *, platform: Any = None, host: Any = None, dtype: str = "auto",
+               load_format: str = "auto", revision: str | None = None,
+               quantization: str | None = None, tokenizer_path: str | None = None,
+               context_length: int | None = None, model_impl: str = "auto",
+               trust_remote_code: bool = False, attention_backend: str | None = None,
+               moe_runner_backend: str | None = "auto", page_size: int = 1,
+               max_batch_size: int = 256, dtype_explicit: bool = False,
+               skip_tokenizer_init: bool = False, progress: bool = True,
+               seed: int = 0) -> LoadedModel:
+    """Build the model for ``model_path`` on the active platform. Settings carry the SGLang
+    server-argument meanings; errors name the bad value and what to use instead."""
+    if host is None:
+        from infer.core.plugins import get_plugin_host
+
+        host = get_plugin_host()
+    platform = platform or host.select()
+    if model_impl not in MODEL_IMPLS:
+        raise ValueError(f"--model-impl {model_impl!r} is not one of {', '.join(MODEL_IMPLS)}")
+    if model_impl == "transformers":
+        raise NotImplementedError("--model-impl transformers is not implemented: infer runs only "
+                                  "its own model implementations (use auto)")
+    if quantization is not None:
+        raise NotImplementedError(f"--quantization {quantization} is not implemented for "
+                                  f"checkpoint loading; GGUF files are read with --load-format gguf")
+    source = resolve_source(model_path, load_format, revision)
+    is_gguf = source.load_format == "gguf"
+    gguf_ckpt = None
+    if is_gguf:
+        from infer.core.model.loader.gguf_reader import GGUFCheckpoint
+
+        gguf_ckpt = GGUFCheckpoint(source.gguf_file)
+        config = gguf_ckpt.hf_config(trust_remote_code)
+    else:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(str(source.directory),
+                                            trust_remote_code=trust_remote_code)
+    architecture = _architecture(config)
+    model_cls = resolve_model_class(host.registries.models, architecture)
+    torch_dtype = resolve_dtype(dtype, config, is_gguf=is_gguf)
+    length = _context_length(config, context_length)
+    arch = ModelArch.from_hf_config(config, dtype=torch_dtype, context_length=length)
+    arch = ModelArch(**{**arch.__dict__, "architecture": architecture})
+
+    ctx = ModelContext.build(platform=platform, host=host, dtype=torch_dtype,
+                             attention_backend=attention_backend,
+                             moe_runner_backend=moe_runner_backend, quantization=quantization,
+                             load_format=source.load_format,
+                             dtype_explicit=dtype_explicit or dtype != "auto")
+    ctx.context_length = length
+    ctx.create_attention_backend(AttentionConfig(
+        num_heads=arch.num_heads // ctx.tp_size, num_kv_heads=arch.num_kv_heads // ctx.tp_size,
+        head_dim=arch.head_dim, scale=arch.head_dim ** -0.5, page_size=page_size,
+        dtype=torch_dtype, kv_dtype=arch.kv_dtype, device=ctx.device,
+        num_layers=arch.num_layers, max_batch_size=max_batch_size, max_context_len=length))
+
+    with torch.device(ctx.device):
+        model = model_cls(config, ctx)
+    if source.load_format == "dummy":
+        model.init_dummy_weights(seed)
+    elif is_gguf:
+        model.load_weights(gguf_ckpt.tensors(config, progress))
+    elif source.load_format == "safetensors":
+        from infer.core.model.loader.weights import iter_safetensors
+
+        model.load_weights(iter_safetensors(source.weight_files, progress))
+    else:
+        from infer.core.model.loader.weights import iter_pt
+
+        model.load_weights(iter_pt(source.weight_files, progress))
+    model.finish_loading()
+    model.eval()
+
+    tokenizer = None
+    if not skip_tokenizer_init:
+        tokenizer = _load_tokenizer(source, tokenizer_path, gguf_ckpt, trust_remote_code, revision)
+    gen = _generation_config(source)
+    template = getattr(tokenizer, "chat_template", None) or (
+        gguf_ckpt.chat_template if gguf_ckpt else None)
+    return LoadedModel(model=model, arch=arch, ctx=ctx, tokenizer=tokenizer, hf_config=config,
+                       source=source, chat_template=template,
+                       generation_config={k: gen[k] for k in _SAMPLING_KEYS if k in gen},
+                       eos_token_ids=_eos_ids(gen, config, tokenizer))
+
+
+def _load_tokenizer(source: ModelSource, tokenizer_path: str | None, gguf_ckpt: Any,
+                    trust_remote_code: bool, revision: str | None) -> Any:
+    from transformers import AutoTokenizer
+
+    if tokenizer_path:
+        return AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=trust_remote_code,
+                                             revision=revision)
+    if gguf_ckpt is not None:
+        return gguf_ckpt.tokenizer()
+    try:
+        return AutoTokenizer.from_pretrained(str(source.directory),
+                                             trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ModelSourceError(f"no usable tokenizer in {source.directory} ({exc}); pass "
+                               f"--tokenizer-path or --skip-tokenizer-init") from exc
+
+
+def load_model_from_args(args: Any, *, platform: Any = None, host: Any = None) -> LoadedModel:
+    """``load_model`` reading SGLang-named fields off a ServerArgs-like object."""
+    explicit = "dtype" in (getattr(args, "model_fields_set", None) or ()) and args.dtype != "auto"
+    return load_model(
+        args.model_path, platform=platform, host=host, dtype=getattr(args, "dtype", "auto"),
+        load_format=getattr(args, "load_format", "auto"), revision=getattr(args, "revision", None),
+        quantization=getattr(args, "quantization", None),
+        tokenizer_path=getattr(args, "tokenizer_path", None),
+        context_length=getattr(args, "context_length", None),
+        model_impl=getattr(args, "model_impl", "auto"),
+        trust_remote_code=getattr(args, "trust_remote_code", False),
+        attention_backend=getattr(args, "attention_backend", None),
+        moe_runner_backend=getattr(args, "moe_runner_backend", "auto"),
+        page_size=getattr(args, "page_size", None) or 1,
+        max_batch_size=getattr(args, "max_running_requests", None) or 256,
+        dtype_explicit=explicit, skip_tokenizer_init=getattr(args, "skip_tokenizer_init", False))

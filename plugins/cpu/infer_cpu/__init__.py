@@ -23,3 +23,48 @@ def register_platforms(register: Any) -> None:
 @hookimpl
 def register_support_matrix(register: Any) -> None:
     register(Path(__file__).with_name("support.yaml"))
+
+
+def _torch_native_attention(config: Any) -> Any:
+    from infer_cpu.ops.attention import TorchNativeAttention
+
+    return TorchNativeAttention(config)
+
+
+def _dense_linear(config: Any) -> Any:
+    from infer_cpu.ops.linear import DenseLinearMethod
+
+    return DenseLinearMethod(config)
+
+
+def _torch_moe() -> Any:
+    from infer_cpu.ops.moe import TorchMoERunner
+
+    return TorchMoERunner()
+
+
+def _gloo(world_size: int, rank: int) -> Any:
+    from infer_cpu.ops.comm import GlooCommunicator
+
+    return GlooCommunicator(world_size, rank)
+
+
+@hookimpl
+def register_attention_backends(register: Any) -> None:
+    register("torch_native", _torch_native_attention, "cpu")
+
+
+@hookimpl
+def register_linear_methods(register: Any) -> None:
+    register(None, _dense_linear, "cpu")
+
+
+@hookimpl
+def register_moe_runners(register: Any) -> None:
+    register("torch", _torch_moe, "cpu")
+    register("auto", _torch_moe, "cpu")
+
+
+@hookimpl
+def register_communicators(register: Any) -> None:
+    register("gloo", _gloo, "cpu")

@@ -1,0 +1,68 @@
+"""``torch_native`` attention: torch SDPA over the paged KV cache, one sequence at a time.
+
+Each sequence gathers only its own pages (``block_tables[i, :ceil(seq_len / page_size)]``), so a
+step costs O(sum of sequence lengths), never a copy of the whole cache. Any mix of prefill,
+chunked-extend and decode rows is handled: the queries of sequence i sit at absolute positions
+``prefix_len .. seq_len - 1`` and see every key at a position not after their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from infer.core.ops.attention import AttentionBackend, AttentionMetadata, write_kv
+
+
+@dataclass
+class _SeqPlan:
+    start: int  # first packed query row
+    end: int  # one past the last packed query row
+    seq_len: int  # kv length after this step
+    pages: torch.Tensor  # [n_pages] page ids holding this sequence's kv
+    mask: torch.Tensor | None  # [ext, seq_len] bool (True = attend), None when not needed
+    causal: bool  # plain top-left causal mask (prefix 0, ext > 1)
+
+
+class TorchNativeAttention(AttentionBackend):
+    name = "torch_native"
+    supports_graph_capture = False
+
+    def plan(self, meta: AttentionMetadata) -> None:
+        """Per-sequence row ranges, page lists and masks, shared by every layer of the step."""
+        super().plan(meta)
+        page = meta.page_size
+        plans: list[_SeqPlan] = []
+        start = 0
+        for i, (seq_len, ext) in enumerate(zip(meta.seq_lens_cpu, meta.extend_lens_cpu, strict=False)):
+            prefix = seq_len - ext
+            n_pages = -(-seq_len // page)
+            mask = None
+            if ext > 1 and prefix > 0:
+                q_pos = torch.arange(prefix, seq_len, device=meta.block_tables.device)[:, None]
+                k_pos = torch.arange(seq_len, device=meta.block_tables.device)[None, :]
+                mask = k_pos <= q_pos  # [ext, seq_len]
+            plans.append(_SeqPlan(start, start + ext, seq_len,
+                                  meta.block_tables[i, :n_pages].long(), mask,
+                                  causal=ext > 1 and prefix == 0))
+            start += ext
+        self._plans = plans
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, layer_id: int) -> torch.Tensor:
+        """q [T, H, D], k/v [T, Hkv, D], caches [P, page, Hkv, D] -> [T, H, D]."""
+        meta = self.meta
+        assert meta is not None, "plan() must run before forward()"
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        hkv, d = k_cache.shape[-2], k_cache.shape[-1]
+        out = torch.empty_like(q)
+        for p in self._plans:
+            ks = k_cache.index_select(0, p.pages).reshape(-1, hkv, d)[:p.seq_len]  # [S, Hkv, D]
+            vs = v_cache.index_select(0, p.pages).reshape(-1, hkv, d)[:p.seq_len]
+            qi = q[p.start:p.end].transpose(0, 1)  # [H, ext, D]
+            o = F.scaled_dot_product_attention(
+                qi, ks.transpose(0, 1).to(q.dtype), vs.transpose(0, 1).to(q.dtype),
+                attn_mask=p.mask, is_causal=p.causal, scale=self.config.scale, enable_gqa=True)
+            out[p.start:p.end] = o.transpose(0, 1)
+        return out
