@@ -190,14 +190,14 @@ def render_rich(report: dict[str, Any]) -> None:
     console.print(plugins)
 
     devices = Table(title="Devices (each plugin's probe)")
-    for col in ("platform", "plugin", "found", "generation", "device", "count", "memory"):
+    for col in ("platform", "found", "generation", "device, or why none", "count", "memory"):
         devices.add_column(col)
     for name, d in report["devices"].items():
         if d["found"]:
-            devices.add_row(name, d["plugin"], "[green]yes[/green]", d["generation"], d["name"],
+            devices.add_row(name, "[green]yes[/green]", d["generation"], d["name"],
                             str(d["count"]), _gib(d["memory_bytes"]))
         else:
-            devices.add_row(name, d["plugin"], "[red]no[/red]", "", d["reason"], "", "")
+            devices.add_row(name, "[red]no[/red]", "", d["reason"], "", "")
     console.print(devices)
 
     active = report["active"]

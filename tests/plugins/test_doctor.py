@@ -73,6 +73,26 @@ def test_all_targets():
     assert got == expected and ("ascend", "A3") in got
 
 
+def test_all_json_agrees_with_the_ascend_page():
+    import csv
+    from pathlib import Path
+
+    tsv = Path(__file__).resolve().parents[3] / "shared" / "flags" / "server-flags.tsv"
+    if not tsv.exists():
+        pytest.skip(f"{tsv} not present")
+    report = _json("--all")
+    if "ascend" not in report["matrix"]:
+        pytest.skip("infer-plugin-ascend not installed")
+    expect = {"no": "unsupported", "yes": "not-implemented"}
+    with tsv.open(newline="") as f:
+        flags = list(csv.DictReader(f, delimiter="\t"))
+    for gen, column in (("A2", "ascend_a2"), ("A3", "ascend_a3")):
+        rows = {r["key"]: r["status"] for r in report["matrix"]["ascend"][gen]}
+        for rec in flags:
+            if rec[column] in expect:
+                assert rows[rec["flag"]] == expect[rec[column]], (gen, rec["flag"])
+
+
 @pytest.mark.parametrize("args,needle", [(["--device", "tpu"], "--device tpu"),
                                          (["--device", "ascend", "--generation", "A9"], "A9")])
 def test_bad_target_exits_2(args, needle):

@@ -112,6 +112,9 @@ def probe_from(hip: str | None, gpus: Iterable[tuple[int, int]]) -> ProbeResult:
 
 
 def probe() -> ProbeResult:
+    if importlib.util.find_spec("torch") is None:
+        return ProbeResult.not_found("rocm", "torch is not installed (install the ROCm build of "
+                                             "torch from the ROCm wheel index)")
     return probe_from(torch_hip_version(), kfd_gpus())
 
 
