@@ -9,7 +9,7 @@ import sys
 import pytest
 import typer
 from infer.cli import doctor as doc
-from infer.core.plugins import get_plugin_host
+from infer.core.plugins import get_plugin_host, reset_plugin_host
 from typer.testing import CliRunner
 
 app = typer.Typer()
@@ -18,14 +18,18 @@ runner = CliRunner()
 
 
 @pytest.fixture(autouse=True)
-def _no_device_env(monkeypatch):
+def _fresh_host(monkeypatch):
+    """The real installed plugins, whatever host an earlier test left behind."""
     monkeypatch.delenv("INFER_DEVICE", raising=False)
+    reset_plugin_host(None)
+    yield
+    reset_plugin_host(None)
 
 
 def _json(*args: str) -> dict:
     res = runner.invoke(app, ["--json", *args])
     assert res.exit_code == 0, res.output
-    return json.loads(res.output)
+    return json.loads(res.stdout)
 
 
 def test_json_report_on_this_machine():
