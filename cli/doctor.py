@@ -254,7 +254,7 @@ def _platform_markdown(name: str, pm: PlatformMatrix, flags: list[str]) -> list[
            + ", ".join(f"{counts[s.value]} {s.value}" for s in Status) + " over all generations).",
            ""]
     if common:
-        out += [f"Where the notes column is empty, the reason is: {common}.", ""]
+        out += [f"A row that does not run and has no note has this reason: {common}.", ""]
     out += ["| flag | " + " | ".join(gens) + " | notes |",
             "|---|" + "---|" * len(gens) + "---|"]
     for key in keys:
