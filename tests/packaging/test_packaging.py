@@ -109,3 +109,18 @@ def test_editable_install_maps_the_folders():
         assert spec is not None and spec.origin is not None, package
         assert Path(spec.origin).resolve() == (ROOT / folder / "__init__.py").resolve(), package
     assert shutil.which("infer"), "the console script is installed"
+
+
+def test_every_subpackage_is_listed_for_the_wheel():
+    import tomllib
+
+    conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(conf["packages"])
+    dirs = {v: k for k, v in conf["package-dir"].items()}  # folder -> package
+    on_disk = set()
+    for folder, package in dirs.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            on_disk.add(".".join([package, *rel.parts]))
+    missing = sorted(on_disk - listed)
+    assert not missing, f"add to [tool.setuptools] packages in pyproject.toml: {missing}"
