@@ -76,3 +76,39 @@ def test_store_skips_negative_slots():
     assert torch.equal(flat[5], k[0]) and torch.equal(flat[0], k[2])
     assert flat[torch.tensor([1, 2, 3, 4, 6, 7])].abs().sum() == 0
     assert torch.equal(vc.view(-1, 2, 8)[0], v[2])
+
+
+@pytest.mark.parametrize("fp8", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("decode", [True, False])
+def test_fp8_cache_with_scales(fp8, decode):
+    """An fp8 cache stores k / k_scale; the kernels read it back times the scale. Reference:
+    attention over the dequantized cache (the quantization error itself is not the kernels')."""
+    from infer_cuda.kernels.decode_attention import decode_attention
+    from infer_cuda.kernels.extend_attention import extend_attention
+    from infer_cuda.kernels.kv_store import store_kv
+
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    prefix, ext = ([6, 21], [1, 1]) if decode else ([6, 0], [5, 9])
+    pb = make_paged_batch(prefix, ext, 4, 2, 32, 4, torch.bfloat16, KERNEL_DEVICE, gen)
+    dt = getattr(torch, fp8)
+    kc = torch.zeros(pb.k_cache.shape, dtype=dt, device=KERNEL_DEVICE)
+    vc = torch.zeros_like(kc)
+    ks, vs = 0.5, 0.25
+    flat_k, flat_v = pb.k_cache.view(-1, 2, 32), pb.v_cache.view(-1, 2, 32)
+    written = (~torch.isnan(flat_k[:, 0, 0])).nonzero().flatten()  # prefix slots
+    store_kv(flat_k[written], flat_v[written], kc, vc, written, ks, vs)
+    store_kv(pb.k_new, pb.v_new, kc, vc, pb.slot_mapping, ks, vs)
+    out = torch.full_like(pb.q, float("nan"))
+    if decode:
+        decode_attention(pb.q, kc, vc, pb.block_tables, pb.seq_lens, out, 32 ** -0.5, 2, ks, vs,
+                         block_n=16)
+    else:
+        extend_attention(pb.q, kc, vc, pb.query_start_loc,
+                         torch.tensor(prefix, dtype=torch.int32, device=KERNEL_DEVICE),
+                         pb.block_tables, max(ext), out, 32 ** -0.5, ks, vs, block_m=16, block_n=16)
+    pb.k_cache = (kc.float() * ks).to(torch.bfloat16)
+    pb.v_cache = (vc.float() * vs).to(torch.bfloat16)
+    pb.k_new = pb.k_cache.view(-1, 2, 32)[pb.slot_mapping]
+    pb.v_new = pb.v_cache.view(-1, 2, 32)[pb.slot_mapping]
+    assert kc.float().abs().max() > 0
+    assert rel_err(out, reference_attention(pb, 32 ** -0.5)) < bf16_tol()

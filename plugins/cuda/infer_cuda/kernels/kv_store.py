@@ -17,7 +17,7 @@ import triton.language as tl
 def _store_kv_kernel(
     K, V, KCache, VCache, SlotMapping, inv_k_scale, inv_v_scale,
     stride_kt, stride_vt, stride_kcs, stride_vcs,
-    ROW: tl.constexpr, BLOCK: tl.constexpr, SCALED: tl.constexpr,
+    ROW: tl.constexpr, BLOCK: tl.constexpr, SCALED: tl.constexpr, QMAX: tl.constexpr,
 ):
     t = tl.program_id(0)
     slot = tl.load(SlotMapping + t).to(tl.int64)
@@ -27,10 +27,15 @@ def _store_kv_kernel(
         k = tl.load(K + t * stride_kt + offs, mask=mask)
         v = tl.load(V + t * stride_vt + offs, mask=mask)
         if SCALED:
-            k = k.to(tl.float32) * inv_k_scale
-            v = v.to(tl.float32) * inv_v_scale
+            k = tl.minimum(tl.maximum(k.to(tl.float32) * inv_k_scale, -QMAX), QMAX)  # saturate
+            v = tl.minimum(tl.maximum(v.to(tl.float32) * inv_v_scale, -QMAX), QMAX)
         tl.store(KCache + slot * stride_kcs + offs, k.to(KCache.dtype.element_ty), mask=mask)
         tl.store(VCache + slot * stride_vcs + offs, v.to(VCache.dtype.element_ty), mask=mask)
+
+
+def _qmax(dtype: torch.dtype) -> float:
+    """Largest finite value of the cache dtype (fp8 stores saturate to it)."""
+    return float(torch.finfo(dtype).max)
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -50,5 +55,6 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         k, v, kc, vc, slot_mapping, 1.0 / k_scale, 1.0 / v_scale,
         k.stride(0), v.stride(0), kc.stride(0), vc.stride(0),
         ROW=row, BLOCK=triton.next_power_of_2(row), SCALED=k_cache.dtype != k.dtype,
+        QMAX=_qmax(k_cache.dtype),
         num_warps=4,
     )

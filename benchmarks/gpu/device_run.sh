@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One call on the lent GPU machine (run from the repo root): install infer without network,
+# show the device and `infer doctor`, run the CUDA plugin's tests compiled on the GPU, then the
+# engine benchmarks. Logs land in $OUT. Usage: benchmarks/gpu/device_run.sh [tests] [bench] [flashinfer]
+set -u
+OUT=${OUT:-/tmp/infer-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+want() { [[ " $* " == *" all "* ]] || [[ " $SECTIONS " == *" $1 "* ]]; }
+SECTIONS="${*:-tests bench}"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu --format=csv \
+  | tee "$OUT/device.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
+# wheels the image lacks (pydantic-settings, gguf, pyzmq, msgspec, ...), carried in .whl/
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site || exit 1
+python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/cpu -e plugins/cuda 2>&1 | grep -v WARN | tail -3
+if [[ " $SECTIONS " == *" flashinfer "* ]] && [ -f .carry/flashinfer_python-0.2.14.post1.tar.gz ]; then
+  mkdir -p /tmp/fi && tar xzf .carry/flashinfer_python-0.2.14.post1.tar.gz -C /tmp/fi
+  FI=/tmp/fi/flashinfer_python-0.2.14.post1
+  mkdir -p $FI/flashinfer/data
+  for d in include csrc tvm_binding; do ln -sfn $FI/$d $FI/flashinfer/data/$d; done
+  for d in cutlass spdlog; do ln -sfn $FI/3rdparty/$d $FI/flashinfer/data/$d; done
+  export PYTHONPATH=$FI:$PYTHONPATH FLASHINFER_CUDA_ARCH_LIST=9.0 MAX_JOBS=16
+  python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>&1 | tail -2
+fi
+timeout 30 infer doctor > "$OUT/doctor.txt" 2>&1; tail -5 "$OUT/doctor.txt"
+if [[ " $SECTIONS " == *" tests "* ]]; then
+  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider plugins/cuda/tests --maxfail=15 -rs \
+    2>&1 | tee "$OUT/pytest.log" | tail -25
+fi
+if [[ " $SECTIONS " == *" bench "* ]]; then
+  timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/gpu/bench_engine.py --model llama3-8b --batch 1 64 \
+    --hf-peer --json-out "$OUT/bench_llama.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/bench_llama.log" | tail -12
+  timeout ${MOE_TIMEOUT:-120} python3 benchmarks/gpu/bench_engine.py --model mixtral-16l --batch 1 64 \
+    --json-out "$OUT/bench_mixtral.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/bench_mixtral.log" | tail -8
+fi
