@@ -47,6 +47,8 @@ class LinearBase(nn.Module):
         """Copy one checkpoint tensor (full, unsharded) into this rank's slice of ``param``."""
         target = getattr(self, param)
         offset, rows = self.shards[shard]
+        raw = getattr(loaded, "gguf_raw", None)  # read before narrow() drops the attribute
+        qtype = getattr(loaded, "gguf_qtype", None)
         if self.split_output:
             loaded = loaded.narrow(0, self.tp_rank * rows, rows)
         if self.split_input and param == "weight":
@@ -57,9 +59,8 @@ class LinearBase(nn.Module):
             raise ValueError(f"weight shape mismatch for {param} shard {shard}: checkpoint "
                              f"{tuple(loaded.shape)}, model {tuple(dest.shape)}")
         dest.copy_(loaded)
-        raw = getattr(loaded, "gguf_raw", None)
         if param == "weight" and raw is not None and self.tp_size == 1:
-            self._gguf_parts[shard] = (loaded.gguf_qtype, raw)
+            self._gguf_parts[shard] = (qtype, raw)
 
     def finish_loading(self) -> None:
         """Expose GGUF raw blocks (see module doc), then let the method post-process."""

@@ -37,6 +37,12 @@ def _dense_linear(config: Any) -> Any:
     return DenseLinearMethod(config)
 
 
+def _gguf_linear(config: Any) -> Any:
+    from infer_cpu.quant.methods import GGUFLinearMethod
+
+    return GGUFLinearMethod(config)
+
+
 def _torch_moe() -> Any:
     from infer_cpu.ops.moe import TorchMoERunner
 
@@ -57,6 +63,7 @@ def register_attention_backends(register: Any) -> None:
 @hookimpl
 def register_linear_methods(register: Any) -> None:
     register(None, _dense_linear, "cpu")
+    register("gguf", _gguf_linear, "cpu")  # GGUF Q4_0/Q4_1/Q8_0 blocks on int4/int8 kernels
 
 
 @hookimpl
