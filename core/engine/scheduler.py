@@ -220,7 +220,8 @@ class Scheduler:
             return batch
         order = order_waiting(self.waiting, cfg.schedule_policy,
                               lambda r: self.kv.peek_prefix(r.all_ids), self.rng,
-                              cfg.enable_priority_scheduling, cfg.schedule_low_priority_values_first)
+                              cfg.enable_priority_scheduling, cfg.schedule_low_priority_values_first,
+                              self.running)
         for req in order:
             if budget <= 0 or (cfg.prefill_max_requests and len(batch.seqs) >= cfg.prefill_max_requests):
                 break

@@ -3,8 +3,9 @@
 Every policy returns a permutation of the waiting list; it never drops or adds requests.
     fcfs        arrival order (retracted requests keep their place at the front)
     lpm         longest cached-prefix match first (ties: arrival order)
-    dfs-weight  depth-first over the trie of waiting prompts, heaviest subtree first, so requests
-                sharing a prefix run back to back and the largest sharing groups go first
+    dfs-weight  depth-first over the trie of waiting and running prompts, heaviest subtree first
+                (weight = requests in it, running ones included), so requests sharing a prefix
+                with what runs now or with each other go back to back, largest groups first
     lof         longest output (max_new_tokens) first
     random      a seeded shuffle
     priority    priority only (same as fcfs with --enable-priority-scheduling)
@@ -26,8 +27,8 @@ def priority_key(req: Request, low_values_first: bool) -> int:
 
 
 def order_waiting(waiting: Sequence[Request], policy: str, prefix_len: Callable[[Request], int],
-                  rng: random.Random, priority: bool = False, low_values_first: bool = False
-                  ) -> list[Request]:
+                  rng: random.Random, priority: bool = False, low_values_first: bool = False,
+                  running: Sequence[Request] = ()) -> list[Request]:
     if policy not in POLICIES:
         raise ValueError(f"schedule_policy: must be one of {', '.join(POLICIES)}, got {policy!r}")
     reqs = list(waiting)
@@ -35,7 +36,8 @@ def order_waiting(waiting: Sequence[Request], policy: str, prefix_len: Callable[
         lens = {id(r): prefix_len(r) for r in reqs}
         reqs.sort(key=lambda r: -lens[id(r)])
     elif policy == "dfs-weight":
-        reqs = _dfs_weight(reqs, 0)
+        waiting_ids = {id(r) for r in reqs}
+        reqs = [r for r in _dfs_weight(reqs + list(running), 0) if id(r) in waiting_ids]
     elif policy == "lof":
         reqs.sort(key=lambda r: -(r.params.max_new_tokens or 1 << 30))
     elif policy == "random":
