@@ -13,6 +13,7 @@ minutes of device time on 8B parameters (same distribution: uniform +-0.02, norm
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import tempfile
@@ -82,7 +83,41 @@ def step_bytes(cfg: dict, batch: int, ctx_len: float, weight_bytes: int, dtype_b
     return weight_bytes + kv
 
 
-def run_engine(model_dir: Path, batch: int, input_len: int, output_len: int, settings: dict) -> dict:
+def replay_ms(core, batch: int) -> float | None:
+    """Median GPU time of one captured decode step (graph replay alone, no engine work)."""
+    gr = core.runner.graph_runner
+    if gr is None or not gr.graphs:
+        return None
+    bs = gr._size_for(batch)
+    if bs is None:
+        return None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(30):
+        start.record()
+        gr.graphs[bs].replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def profiled(fn, top: int):
+    """Run fn under cProfile and print the top functions by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    out = prof.runcall(fn)
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    print(buf.getvalue()[-6000:], flush=True)
+    return out
+
+
+def run_engine(model_dir: Path, batch: int, input_len: int, output_len: int, settings: dict,
+               profile: bool = False) -> dict:
     from infer.core.config import ServerArgs
     from infer.core.config.gate import apply_platform_defaults
     from infer.core.engine.engine_core import EngineCore
@@ -124,6 +159,9 @@ def run_engine(model_dir: Path, batch: int, input_len: int, output_len: int, set
 
     generate(core, batch, 8, "warm")  # Triton compilation for these shapes, allocator warm-up
     r = generate(core, batch, output_len, "run")
+    if profile:
+        r["replay_ms"] = replay_ms(core, batch)
+        profiled(functools.partial(generate, core, batch, 64, "prof"), 25)
     r.update(batch=batch, input_len=input_len, output_len=output_len, load_s=load_s,
              weight_bytes=weight_bytes,
              decode_tok_s=batch * (output_len - 1) / r["decode_s"],
@@ -177,6 +215,9 @@ def main() -> None:
     ap.add_argument("--disable-cuda-graph", action="store_true")
     ap.add_argument("--hf-peer", action="store_true", help="also time transformers' generate")
     ap.add_argument("--json-out", default=None)
+    ap.add_argument("--profile", action="store_true",
+                    help="also time bare graph replays and cProfile a short run")
+    ap.add_argument("--max-total-tokens", type=int, default=None)
     a = ap.parse_args()
 
     cfg = SHAPES[a.model]
@@ -188,9 +229,11 @@ def main() -> None:
     settings = dict(attention_backend=a.attention_backend, disable_cuda_graph=a.disable_cuda_graph,
                     cuda_graph_max_bs=max(a.batch), max_running_requests=max(a.batch),
                     chunked_prefill_size=8192)
+    if a.max_total_tokens:
+        settings["max_total_tokens"] = a.max_total_tokens
     rows = []
     for b in a.batch:
-        r = run_engine(model_dir, b, a.input_len, a.output_len, settings)
+        r = run_engine(model_dir, b, a.input_len, a.output_len, settings, a.profile)
         ctx = a.input_len + a.output_len / 2
         bound = b / (step_bytes(cfg, b, ctx, r["weight_bytes"]) / bw)
         r.update(model=a.model, engine="infer", backend=a.attention_backend,

@@ -20,8 +20,10 @@ if [[ " $SECTIONS " == *" flashinfer "* ]] && [ -f .carry/flashinfer_python-0.2.
   mkdir -p $FI/flashinfer/data
   for d in include csrc tvm_binding; do ln -sfn $FI/$d $FI/flashinfer/data/$d; done
   for d in cutlass spdlog; do ln -sfn $FI/3rdparty/$d $FI/flashinfer/data/$d; done
-  export PYTHONPATH=$FI:$PYTHONPATH FLASHINFER_CUDA_ARCH_LIST=9.0 MAX_JOBS=16
-  python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>&1 | tail -2
+  export FLASHINFER_CUDA_ARCH_LIST=9.0 MAX_JOBS=16
+  if PYTHONPATH=$FI:$PYTHONPATH python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)"; then
+    export PYTHONPATH=$FI:$PYTHONPATH
+  fi
 fi
 timeout 30 infer doctor > "$OUT/doctor.txt" 2>&1; tail -5 "$OUT/doctor.txt"
 if [[ " $SECTIONS " == *" tests "* ]]; then
@@ -30,7 +32,9 @@ if [[ " $SECTIONS " == *" tests "* ]]; then
 fi
 if [[ " $SECTIONS " == *" bench "* ]]; then
   timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/gpu/bench_engine.py --model llama3-8b --batch 1 64 \
-    --hf-peer --json-out "$OUT/bench_llama.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/bench_llama.log" | tail -12
+    ${BENCH_ARGS:---hf-peer} --json-out "$OUT/bench_llama.json" 2>&1 | grep -v "it/s\]" > "$OUT/bench_llama.log"
+  tail -8 "$OUT/bench_llama.log"
   timeout ${MOE_TIMEOUT:-120} python3 benchmarks/gpu/bench_engine.py --model mixtral-16l --batch 1 64 \
-    --json-out "$OUT/bench_mixtral.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/bench_mixtral.log" | tail -8
+    --max-total-tokens 40000 --json-out "$OUT/bench_mixtral.json" 2>&1 | grep -v "it/s\]" > "$OUT/bench_mixtral.log"
+  tail -6 "$OUT/bench_mixtral.log"
 fi

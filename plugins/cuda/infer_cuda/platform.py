@@ -30,10 +30,12 @@ class CudaPlatform(Platform):
         self.default_attention_backend = default_attention_backend(info.generation)
 
     def memory_available(self) -> int:
+        """Free device memory plus what this process's caching allocator already holds (its
+        weights among it): the bytes the engine may spend on weights and KV cache."""
         import torch
 
         free, _total = torch.cuda.mem_get_info()
-        return int(free)
+        return int(free) + int(torch.cuda.memory_reserved())
 
     def synchronize(self) -> None:
         import torch

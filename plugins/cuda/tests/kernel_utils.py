@@ -23,7 +23,7 @@ def bf16_tol() -> float:
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.double(), ref.double()
+    out, ref = out.double().cpu(), ref.double().cpu()
     assert torch.isfinite(out).all(), "output holds NaN/inf (unwritten or broken)"
     return ((out - ref).norm() / ref.norm()).item()
 

@@ -76,7 +76,9 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int
     flat = topk_ids.reshape(-1).to(torch.int64)  # [P]
     num_pairs = flat.numel()
     max_rows = triton.cdiv(num_pairs + num_experts * (block_m - 1), block_m) * block_m
-    counts = torch.bincount(flat, minlength=num_experts)  # [E]
+    # counts by scatter_add, not bincount: bincount reads its max on the host (breaks graphs)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))  # [E]
     padded = (counts + block_m - 1) // block_m * block_m
     padded_end = padded.cumsum(0)
     padded_start = padded_end - padded
