@@ -130,19 +130,31 @@ class Engine:
             per(top_logprobs_num, "top_logprobs_num")
         rids = per(rid, "rid") if rid is not None else [uuid.uuid4().hex for _ in range(n)]
         prios = per(priority, "priority")
-        groups = []
+        groups: list[list[str]] = []
         with self._lock:
-            for i in range(n):
-                want = bool(lps[i])
-                req = self.core.make_request(
-                    rids[i], ids_list[i], sps[i], priority=prios[i] or 0, return_logprob=want,
-                    top_logprobs_num=int(tops[i] or 0),
-                    logprob_start_len=(-1 if not want else (starts[i] if starts[i] is not None else -1)))
-                added = self.core.add_request(req)
-                for r in added:
-                    self._tracks[r] = _Track(self.tokenizer, self.core._reqs[r])
-                groups.append(added)
+            try:
+                self._add_all(groups, n, rids, ids_list, sps, prios, lps, tops, starts)
+            except Exception:  # all or nothing: withdraw what was already queued
+                for g in groups:
+                    for r in g:
+                        self.core.abort(r)
+                        self._tracks.pop(r, None)
+                raise
         return groups, batched
+
+    def _add_all(self, groups: list[list[str]], n: int, rids: list[Any], ids_list: list[Any],
+                 sps: list[Any], prios: list[Any], lps: list[Any], tops: list[Any],
+                 starts: list[Any]) -> None:
+        for i in range(n):
+            want = bool(lps[i])
+            req = self.core.make_request(
+                rids[i], ids_list[i], sps[i], priority=prios[i] or 0, return_logprob=want,
+                top_logprobs_num=int(tops[i] or 0),
+                logprob_start_len=(-1 if not want else (starts[i] if starts[i] is not None else -1)))
+            added = self.core.add_request(req)
+            for r in added:
+                self._tracks[r] = _Track(self.tokenizer, self.core._reqs[r])
+            groups.append(added)
 
     def _pump(self) -> None:
         with self._lock:

@@ -79,6 +79,7 @@ class EngineCore:
         seed = getattr(server_args, "random_seed", None)
         self._rng = random.Random(seed)
         self._reqs: dict[str, Request] = {}
+        self._groups: dict[str, list[str]] = {}  # n > 1: original rid -> choice rids
         self._pending: list[RequestOutput] = []  # aborts / errors to report in the next step
         self.counters = {"prompt_tokens": 0, "generated_tokens": 0, "cached_tokens": 0}
         log.info("KV pool: %d pages x %d tokens (%d tokens)", self.pool.capacity, self.page_size,
@@ -134,6 +135,8 @@ class EngineCore:
         reqs = [req] if n == 1 else [self._sibling(req, i) for i in range(n)]
         for r in reqs[1:]:
             r.after = reqs[0]
+        if n > 1:
+            self._groups[req.rid] = [r.rid for r in reqs]
         sched = self.scheduler
         cap = sched.cfg.max_queued_requests
         if cap is not None and len(sched.waiting) + len(reqs) > cap:
@@ -185,6 +188,9 @@ class EngineCore:
             raise ValueError(f"top_logprobs_num: must be in [0, {self.arch.vocab_size}]")
 
     def abort(self, rid: str) -> bool:
+        """Abort one request, or every choice of an n > 1 request by its original rid."""
+        if rid not in self._reqs and rid in self._groups:
+            return any([self.abort(r) for r in self._groups.pop(rid)])
         req = self._reqs.get(rid)
         if req is None or req.finished:
             return False
@@ -220,6 +226,8 @@ class EngineCore:
                 outputs.append(self._output(req))
             if req.finished:
                 self._reqs.pop(req.rid, None)
+        if self._groups and not self._reqs:
+            self._groups.clear()
         return outputs
 
     def _account_admissions(self, batch: ScheduleBatch) -> None:
