@@ -1,7 +1,7 @@
 """Reasoning parsers (``--reasoning-parser``): split ``<think>...</think>`` from the answer.
 
-deepseek-r1: the template opens ``<think>`` in the prompt, so the output is reasoning until
-``</think>`` (all of it when the tag never comes). qwen3: reasoning only when the output starts
+deepseek-r1, qwen3-thinking: the template opens ``<think>`` in the prompt, so the output is
+reasoning until ``</think>`` (all of it when the tag never comes). qwen3: reasoning only when the output starts
 with ``<think>`` (thinking can be switched off by ``chat_template_kwargs.enable_thinking``).
 ``ReasoningSplitter.feed`` splits streamed deltas; partial tags are held back until decided.
 """
@@ -9,7 +9,7 @@ with ``<think>`` (thinking can be switched off by ``chat_template_kwargs.enable_
 from __future__ import annotations
 
 START, END = "<think>", "</think>"
-PARSERS = ("deepseek-r1", "qwen3")
+PARSERS = ("deepseek-r1", "qwen3", "qwen3-thinking")
 
 
 def check_parser(name: str) -> None:
@@ -23,7 +23,7 @@ class ReasoningSplitter:
         check_parser(parser)
         # state: "start" (before any decision), "think" (inside reasoning), "answer"
         self.state = "start" if thinking else "answer"
-        self.forced = parser == "deepseek-r1"
+        self.forced = parser in ("deepseek-r1", "qwen3-thinking")
         self.buf = ""
 
     def feed(self, delta: str, final: bool = False) -> tuple[str, str]:

@@ -9,7 +9,6 @@ choice, an optional usage chunk, then ``[DONE]``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -34,7 +33,7 @@ from infer.server.openai_format import (
 from infer.server.protocol import ChatCompletionRequest, CompletionRequest, NamedToolChoice, parse_body
 from infer.server.reasoning import ReasoningSplitter
 from infer.server.serving import GenerateJob, ServerState, Serving, cancel_on_disconnect, make_params
-from infer.server.tool_parsers import forced_schema
+from infer.server.tool_parsers import forced_grammar, forced_schema
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 
@@ -227,7 +226,7 @@ async def chat_completions(request: Request) -> Response:
         if fields["json_schema"] or fields["regex"] or fields["ebnf"]:
             raise bad_request("a forced tool_choice cannot be combined with response_format, regex "
                               "or ebnf", param="tool_choice")
-        fields["json_schema"] = json.dumps(forced)
+        fields["ebnf"] = forced_grammar(forced)
     params = make_params(fields, s.sampling_defaults)
     job = GenerateJob(ids, params, n=body.n, return_logprob=body.logprobs,
                       top_logprobs_num=body.top_logprobs or 0, route="/v1/chat/completions",

@@ -3,8 +3,9 @@
 Formats:
   hermes, qwen25  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks after text
   llama3          ``[<|python_tag|>]{"name": ..., "parameters": {...}}`` objects, ``;``-separated
-With ``tool_choice`` "required" or a named function the output is forced by a JSON-schema grammar
-instead (``forced_schema``) and parsed by ``parse_forced``, whatever the parser.
+With ``tool_choice`` "required" or a named function the output is forced by a grammar instead
+(``forced_schema`` in compact JSON, ``forced_grammar``) and parsed by ``parse_forced``, whatever
+the parser.
 
 Streaming: ``hold_from(text)`` says where a tool call may begin; text before it streams as
 content, the rest is held and parsed when the sequence ends.
@@ -126,8 +127,18 @@ def forced_schema(req: ChatCompletionRequest) -> dict[str, Any] | None:
         return _call_schema(fn.name, fn.parameters)
     if choice == "required" and tools:
         items = {"anyOf": [_call_schema(t.function.name, t.function.parameters) for t in tools]}
-        return {"type": "array", "minItems": 1, "items": items}
+        schema = {"type": "array", "minItems": 1, "items": items}
+        if not req.parallel_tool_calls:
+            schema["maxItems"] = 1
+        return schema
     return None
+
+
+def forced_grammar(schema: dict[str, Any]) -> str:
+    """EBNF for a forced call: the schema in compact JSON (no free whitespace to wander in)."""
+    import xgrammar
+
+    return str(xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False))
 
 
 def parse_forced(text: str) -> list[ParsedCall]:
