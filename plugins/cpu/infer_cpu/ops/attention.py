@@ -1,6 +1,7 @@
 """``torch_native`` attention: torch SDPA over the paged KV cache, one sequence at a time.
 
-Each sequence gathers only its own pages (``block_tables[i, :ceil(seq_len / page_size)]``), so a
+Mixed batches run one sequence at a time; decode-only batches run as one padded SDPA call over
+``[B, max_pages * page_size]`` keys with a length mask. Each sequence gathers only its own pages (``block_tables[i, :ceil(seq_len / page_size)]``), so a
 step costs O(sum of sequence lengths), never a copy of the whole cache. Any mix of prefill,
 chunked-extend and decode rows is handled: the queries of sequence i sit at absolute positions
 ``prefix_len .. seq_len - 1`` and see every key at a position not after their own.
@@ -48,6 +49,12 @@ class TorchNativeAttention(AttentionBackend):
                                   causal=ext > 1 and prefix == 0))
             start += ext
         self._plans = plans
+        self._decode_mask = None
+        if meta.is_decode_only and meta.num_seqs > 1:
+            n_pages = -(-meta.max_seq_len // page)
+            self._decode_pages = meta.block_tables[:, :n_pages].long().reshape(-1)  # [B*n_pages]
+            k_pos = torch.arange(n_pages * page, device=meta.block_tables.device)
+            self._decode_mask = (k_pos[None, :] < meta.seq_lens[:, None].long())[:, None, None, :]
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, layer_id: int) -> torch.Tensor:
@@ -56,6 +63,8 @@ class TorchNativeAttention(AttentionBackend):
         assert meta is not None, "plan() must run before forward()"
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         hkv, d = k_cache.shape[-2], k_cache.shape[-1]
+        if self._decode_mask is not None:
+            return self._decode(q, k_cache, v_cache)
         out = torch.empty_like(q)
         for p in self._plans:
             ks = k_cache.index_select(0, p.pages).reshape(-1, hkv, d)[:p.seq_len]  # [S, Hkv, D]
@@ -66,3 +75,13 @@ class TorchNativeAttention(AttentionBackend):
                 attn_mask=p.mask, is_causal=p.causal, scale=self.config.scale, enable_gqa=True)
             out[p.start:p.end] = o.transpose(0, 1)
         return out
+
+    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """One query per sequence: q [B, H, D] against each sequence's padded pages."""
+        b, (hkv, d) = q.shape[0], k_cache.shape[-2:]
+        ks = k_cache.index_select(0, self._decode_pages).reshape(b, -1, hkv, d)  # [B, S, Hkv, D]
+        vs = v_cache.index_select(0, self._decode_pages).reshape(b, -1, hkv, d)
+        o = F.scaled_dot_product_attention(
+            q[:, :, None, :], ks.transpose(1, 2).to(q.dtype), vs.transpose(1, 2).to(q.dtype),
+            attn_mask=self._decode_mask, scale=self.config.scale, enable_gqa=True)  # [B, H, 1, D]
+        return o[:, :, 0, :]
