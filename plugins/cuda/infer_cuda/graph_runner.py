@@ -7,7 +7,10 @@ rows are seq_len 1, a block-table row of zeros and slot 0, so they read and writ
 model runner's scratch page 0. All graphs share one memory pool, largest captured first.
 
 Settings: ``--cuda-graph-bs`` (explicit sizes) or ``--cuda-graph-max-bs`` (default 128),
-``--disable-cuda-graph-padding`` (replay only exact sizes, else run eagerly). The backend must
+``--disable-cuda-graph-padding`` (replay only exact sizes, else run eagerly).
+``--enable-torch-compile``: sizes up to ``--torch-compile-max-bs`` (default 32) capture a
+``torch.compile``d forward instead (Inductor fuses the norms, rotary and activations between the
+GEMMs; our Triton attention / MoE launchers are excluded from tracing and stay as they are). The backend must
 declare ``supports_graph_capture``; otherwise nothing is captured and every step runs eagerly
 (logged once).
 """
@@ -51,6 +54,10 @@ class CudaGraphRunner(GraphRunner):
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.static: dict[int, ForwardBatch] = {}
         self.logits: dict[int, torch.Tensor] = {}
+        self.compile_max_bs = 0
+        if getattr(server_args, "enable_torch_compile", False):
+            self.compile_max_bs = int(getattr(server_args, "torch_compile_max_bs", None) or 32)
+        self._compiled: Any = None
         self.enabled = bool(getattr(model_runner.attn_backend, "supports_graph_capture", False))
         if not self.enabled:
             log.warning("attention backend %s cannot be captured in a CUDA graph; decode runs "
@@ -62,6 +69,19 @@ class CudaGraphRunner(GraphRunner):
         d.block_tables = [[0] * self.mr.max_pages_per_seq for _ in range(bs)]
         return self.mr.build_forward_batch(d)
 
+    def _forward_for(self, bs: int) -> Any:
+        if bs > self.compile_max_bs:
+            return self.mr.model
+        if self._compiled is None:
+            import torch._dynamo
+
+            # every decoder layer is its own frame (graph breaks at attention): allow them all
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 1024)
+            torch._dynamo.config.accumulated_cache_size_limit = max(
+                torch._dynamo.config.accumulated_cache_size_limit, 4096)
+            self._compiled = torch.compile(self.mr.model, dynamic=False)
+        return self._compiled
+
     @torch.inference_mode()
     def capture(self) -> None:
         if not self.enabled:
@@ -71,15 +91,16 @@ class CudaGraphRunner(GraphRunner):
         backend = self.mr.attn_backend
         for bs in sorted(self.sizes, reverse=True):
             fwd = self._static_batch(bs)
+            model = self._forward_for(bs)
             backend.plan(fwd.attn)
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
-                for _ in range(2):  # warm-up: Triton compilation, cuBLAS handles, autotuning
-                    self.mr.model(fwd)
+                for _ in range(2):  # warm-up: Triton / Inductor compilation, cuBLAS handles
+                    model(fwd)
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool, stream=stream):
-                logits = self.mr.model(fwd)  # [bs, V]
+                logits = model(fwd)  # [bs, V]
             self.graphs[bs], self.static[bs], self.logits[bs] = graph, fwd, logits
         torch.cuda.synchronize()
         log.info("captured CUDA graphs for decode batch sizes %s", self.sizes)

@@ -46,6 +46,15 @@ def test_fp32_greedy_identical_triton_torch_native_and_graphs(llama_dir):
     assert paged == ref
 
 
+def test_torch_compile_graphs_match_eager(llama_dir):
+    prompts = random_prompts(PROMPTS, seed=5)
+    ref = greedy(llama_dir, prompts, NEW, dtype="float32", attention_backend="triton",
+                 disable_cuda_graph=True)
+    compiled = greedy(llama_dir, prompts, NEW, dtype="float32", attention_backend="triton",
+                      cuda_graph_bs=[8], enable_torch_compile=True, torch_compile_max_bs=8)
+    assert compiled == ref
+
+
 def test_graph_padding_off_matches(llama_dir):
     prompts = random_prompts(PROMPTS, seed=1)
     ref = greedy(llama_dir, prompts, NEW, dtype="float32", attention_backend="triton",

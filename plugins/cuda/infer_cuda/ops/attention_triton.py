@@ -39,6 +39,7 @@ class TritonAttention(AttentionBackend):
             self.num_splits = pick_num_splits(meta.num_seqs, self.config.num_kv_heads,
                                               self.config.max_context_len, self._num_sms)
 
+    @torch.compiler.disable  # launched as is inside a torch.compile'd model (a graph break)
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, layer_id: int) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D], caches [P, page, Hkv, D] -> [T, H, D]."""
