@@ -27,7 +27,7 @@ if [[ " $SECTIONS " == *" flashinfer "* ]] && [ -f .carry/flashinfer_python-0.2.
 fi
 timeout 30 infer doctor > "$OUT/doctor.txt" 2>&1; tail -5 "$OUT/doctor.txt"
 if [[ " $SECTIONS " == *" tests "* ]]; then
-  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider plugins/cuda/tests --maxfail=15 -rs \
+  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider ${TEST_PATHS:-plugins/cuda/tests} --maxfail=15 -rs \
     2>&1 | tee "$OUT/pytest.log" | tail -25
 fi
 if [[ " $SECTIONS " == *" bench "* ]]; then
