@@ -138,7 +138,7 @@ async def _run_http(args: Any, client: EngineClient) -> int:
         metrics=Metrics(model_name, args) if getattr(args, "enable_metrics", False) else None)
     host, port = getattr(args, "host", "127.0.0.1"), int(getattr(args, "port", 30000))
     config = uvicorn.Config(build_app(state), host=host, port=port, lifespan="off",
-                            log_level=getattr(args, "uvicorn_log_level", None) or "warning",
+                            log_level=_http_log_level(args),
                             timeout_graceful_shutdown=5, access_log=False)
     server = _Server(config, state)
     client.on_death = server.engine_died
@@ -152,6 +152,12 @@ async def _run_http(args: Any, client: EngineClient) -> int:
         for t in tasks:
             t.cancel()
     return server.exit_code
+
+
+def _http_log_level(args: Any) -> str:
+    """--log-level-http (alias --uvicorn-log-level), else --log-level; uvicorn's own names."""
+    level = getattr(args, "log_level_http", None) or getattr(args, "log_level", None) or "warning"
+    return str(level).lower()
 
 
 class _Server(uvicorn.Server):

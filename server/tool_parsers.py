@@ -70,7 +70,7 @@ class HermesParser:
             if call is None:
                 return text, []  # malformed: hand back the text unchanged
             calls.append(call)
-        return text[:start].rstrip(), calls
+        return text[:start], calls
 
 
 class Llama3JsonParser:
@@ -102,7 +102,7 @@ class Llama3JsonParser:
             pos = end
             while pos < len(rest) and rest[pos] in " \n\t;":
                 pos += 1
-        return content.rstrip(), calls
+        return content, calls
 
 
 PARSERS: dict[str, type] = {"hermes": HermesParser, "qwen25": HermesParser, "qwen": HermesParser,
