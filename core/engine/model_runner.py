@@ -119,28 +119,28 @@ class ModelRunner:
 
     def _forward_batch(self, ids: list[int], pos: list[int], extend: list[int], seq_lens: list[int],
                        tables: list[list[int]], slots: list[int], logit_rows: list[int]) -> ForwardBatch:
-        dev = self.device
-        width = max(len(t) for t in tables)
-        table = torch.zeros((len(tables), width), dtype=torch.int32)
-        for i, t in enumerate(tables):
-            table[i, :len(t)] = torch.tensor(t, dtype=torch.int32)
+        """Every index tensor of the step travels to the device in one int64 copy, then is
+        split (views) and narrowed to int32 where the metadata wants it."""
+        b, t, n = len(extend), len(ids), len(logit_rows)
+        width = max(len(x) for x in tables)
         qsl = [0]
         for e in extend:
             qsl.append(qsl[-1] + e)
+        flat_tables = [p for x in tables for p in (x + [0] * (width - len(x)))]
+        prefix = [s_ - e for s_, e in zip(seq_lens, extend, strict=True)]
+        host = torch.tensor(ids + pos + slots + logit_rows + qsl + seq_lens + prefix + flat_tables,
+                            dtype=torch.int64)
+        dev_all = host.to(self.device)
+        parts = dev_all.split([t, t, t, n, b + 1, b, b, b * width])
         meta = AttentionMetadata(
-            num_seqs=len(extend), num_tokens=len(ids), page_size=self.page_size,
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            prefix_lens=torch.tensor([s - e for s, e in zip(seq_lens, extend, strict=True)],
-                                     dtype=torch.int32, device=dev),
-            block_tables=table.to(dev), slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            num_seqs=b, num_tokens=t, page_size=self.page_size,
+            query_start_loc=parts[4].to(torch.int32), seq_lens=parts[5].to(torch.int32),
+            prefix_lens=parts[6].to(torch.int32),
+            block_tables=parts[7].to(torch.int32).view(b, width), slot_mapping=parts[2],
             seq_lens_cpu=list(seq_lens), extend_lens_cpu=list(extend),
             max_seq_len=max(seq_lens), max_extend_len=max(extend))
-        return ForwardBatch(
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(pos, dtype=torch.int64, device=dev), attn=meta,
-            logits_indices=torch.tensor(logit_rows, dtype=torch.int64, device=dev),
-            kv_cache=self.kv_cache)
+        return ForwardBatch(input_ids=parts[0], positions=parts[1], attn=meta,
+                            logits_indices=parts[3], kv_cache=self.kv_cache)
 
     def prepare(self, batch: ScheduleBatch) -> tuple[ForwardBatch, list[tuple[Request, int, int]]]:
         """ForwardBatch for a scheduled batch plus, per sequence, (req, first logit row,
@@ -199,18 +199,24 @@ class ModelRunner:
     def _sample(self, logits: torch.Tensor, reqs: list[Request], res: StepResult) -> None:
         t = self.sampling_tensors(reqs)
         out = sample(logits, t)
-        ids = out.ids.tolist()  # the one device->host copy of the step
-        res.sampled = list(zip(reqs, ids, strict=True))
-        if out.logprobs is not None:
-            lps = out.logprobs.tolist()
-            top_v = out.top_logprobs.tolist() if out.top_logprobs is not None else None
-            top_i = out.top_ids.tolist() if out.top_ids is not None else None
+        if out.logprobs is None:
+            ids = out.ids.tolist()  # the one device->host copy of the step
+        else:  # ids, logprobs and top-k travel together in one float64 copy (ids < 2**53)
+            cols = [out.ids[:, None].double(), out.logprobs[:, None].double()]
+            k = 0
+            if out.top_logprobs is not None:
+                k = out.top_logprobs.shape[1]
+                cols += [out.top_ids.double(), out.top_logprobs.double()]
+            rows = torch.cat(cols, dim=1).tolist()
+            ids = [int(r[0]) for r in rows]
             for i, r in enumerate(reqs):
                 if r.return_logprob:
-                    res.logprobs[r.rid] = lps[i]
-                    if top_v is not None and r.top_logprobs_num > 0:
-                        k = r.top_logprobs_num
-                        res.top_logprobs[r.rid] = list(zip(top_i[i][:k], top_v[i][:k], strict=True))
+                    res.logprobs[r.rid] = rows[i][1]
+                    if k and r.top_logprobs_num > 0:
+                        n = r.top_logprobs_num
+                        res.top_logprobs[r.rid] = [(int(a), b) for a, b in zip(
+                            rows[i][2:2 + n], rows[i][2 + k:2 + k + n], strict=True)]
+        res.sampled = list(zip(reqs, ids, strict=True))
 
     def _prompt_logprobs(self, logits: torch.Tensor, batch: ScheduleBatch,
                          spans: list[tuple[Request, int, int]], res: StepResult) -> None:
@@ -235,34 +241,24 @@ class ModelRunner:
         ps = [r.params for r in reqs]
         greedy = [p.greedy for p in ps]
         top_k = [v if p.top_k < 1 else min(p.top_k, v) for p in ps]
+        floats = torch.tensor([[p.temperature for p in ps], [p.top_p for p in ps],
+                               [p.min_p for p in ps]], dtype=torch.float32).to(dev)
+        ints = torch.tensor([top_k, [r.seed for r in reqs], [len(r.output_ids) for r in reqs],
+                             [int(g) for g in greedy]], dtype=torch.int64).to(dev)
         t = SamplingTensors(
-            temperature=torch.tensor([p.temperature for p in ps], dtype=torch.float32, device=dev),
-            top_p=torch.tensor([p.top_p for p in ps], dtype=torch.float32, device=dev),
-            top_k=torch.tensor(top_k, dtype=torch.int64, device=dev),
-            min_p=torch.tensor([p.min_p for p in ps], dtype=torch.float32, device=dev),
-            greedy=torch.tensor(greedy, dtype=torch.bool, device=dev),
-            seed=torch.tensor([r.seed for r in reqs], dtype=torch.int64, device=dev),
-            step=torch.tensor([len(r.output_ids) for r in reqs], dtype=torch.int64, device=dev),
-            all_greedy=all(greedy),
+            temperature=floats[0], top_p=floats[1], min_p=floats[2], top_k=ints[0], seed=ints[1],
+            step=ints[2], greedy=ints[3].bool(), all_greedy=all(greedy),
             need_top_filter=any(k < v or p.top_p < 1 or p.min_p > 0 for k, p in zip(top_k, ps, strict=True)),
             logprobs=any(r.return_logprob for r in reqs),
             top_logprobs=max((r.top_logprobs_num for r in reqs if r.return_logprob), default=0))
         b = len(reqs)
         if any(p.repetition_penalty != 1.0 for p in ps):
-            seen = torch.zeros((b, v), dtype=torch.bool)
-            for i, r in enumerate(reqs):
-                seen[i, torch.tensor(r.all_ids, dtype=torch.int64)] = True
-            t.seen_mask = seen.to(dev)
-            t.repetition_penalty = torch.tensor([p.repetition_penalty for p in ps], device=dev)
+            t.seen_mask = self._scatter(b, [r.all_ids for r in reqs], torch.bool)
+            t.repetition_penalty = torch.tensor([p.repetition_penalty for p in ps]).to(dev)
         if any(p.frequency_penalty or p.presence_penalty for p in ps):
-            counts = torch.zeros((b, v), dtype=torch.float32)
-            for i, r in enumerate(reqs):
-                if r.output_ids:
-                    counts[i].index_add_(0, torch.tensor(r.output_ids, dtype=torch.int64),
-                                         torch.ones(len(r.output_ids)))
-            t.output_counts = counts.to(dev)
-            t.frequency_penalty = torch.tensor([p.frequency_penalty for p in ps], device=dev)
-            t.presence_penalty = torch.tensor([p.presence_penalty for p in ps], device=dev)
+            t.output_counts = self._scatter(b, [r.output_ids for r in reqs], torch.float32)
+            t.frequency_penalty = torch.tensor([p.frequency_penalty for p in ps]).to(dev)
+            t.presence_penalty = torch.tensor([p.presence_penalty for p in ps]).to(dev)
         blocked = [(i, self._stop_ids(r)) for i, r in enumerate(reqs)
                    if len(r.output_ids) < r.params.min_new_tokens]
         if any(ids for _, ids in blocked):
@@ -273,6 +269,18 @@ class ModelRunner:
         if any(r.grammar is not None for r in reqs):
             t.grammar_bitmask = self.grammar.bitmask([r.grammar for r in reqs]).to(dev)
         return t
+
+    def _scatter(self, b: int, rows: list[list[int]], dtype: torch.dtype) -> torch.Tensor:
+        """[b, V] on the device: counts (float) or presence (bool) of each row's token ids,
+        built from one host->device copy of (row, id) pairs."""
+        pairs = torch.tensor([[i, x] for i, ids in enumerate(rows) for x in ids] or [[0, 0]],
+                             dtype=torch.int64).to(self.device)
+        out = torch.zeros((b, self.vocab_size), dtype=torch.float32, device=self.device)
+        ones = torch.ones(pairs.shape[0], device=self.device)
+        if not any(rows):
+            ones.zero_()
+        out.index_put_((pairs[:, 0], pairs[:, 1]), ones, accumulate=True)
+        return out > 0 if dtype == torch.bool else out
 
     @staticmethod
     def _stop_ids(r: Request) -> list[int]:
