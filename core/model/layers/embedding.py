@@ -32,5 +32,11 @@ class LMHead(nn.Module):
             self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=ctx.dtype,
                                                    device=ctx.device), requires_grad=False)
 
+        # a linear method's optional ``process_lm_head(lm_head)`` may set this to a repacked
+        # (e.g. int8) matmul: hidden [N, hidden] -> logits [N, vocab]
+        self.quant_apply: Any = None
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.quant_apply is not None:
+            return self.quant_apply(hidden).float()
         return F.linear(hidden, self.weight).float()  # [N, hidden] -> [N, vocab]

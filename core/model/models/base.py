@@ -109,6 +109,9 @@ class DecoderOnlyLM(nn.Module):
         for mod in self.modules():
             if isinstance(mod, LinearBase):
                 mod.finish_loading()
+        process_lm_head = getattr(self.ctx.linear_method, "process_lm_head", None)
+        if process_lm_head is not None:  # optional hook of a quantized method
+            process_lm_head(self.lm_head)
 
     def init_dummy_weights(self, seed: int = 0) -> None:
         """Random weights (``--load-format dummy``): small uniform values, norms at 1."""

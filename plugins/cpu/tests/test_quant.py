@@ -122,3 +122,20 @@ def test_quantize_int4_roundtrip_error_bounded():
     codes = quantize_int4(w)
     step = codes.scale.repeat_interleave(32, 1)
     assert ((codes.dequantize() - w).abs() <= step / 2 + 1e-6).all()
+
+
+def test_gguf_method_lm_head_int8():
+    from infer.core.model.layers.embedding import LMHead
+
+    class _Ctx:
+        dtype, device = torch.float32, torch.device("cpu")
+
+    head = LMHead(300, 64, _Ctx())
+    head.weight.data.copy_(torch.from_numpy(_weights(300, 64, seed=4)))
+    x = torch.randn(3, 64)
+    ref = head(x)
+    GGUFLinearMethod(LinearConfig("gguf", torch.float32, torch.device("cpu"))).process_lm_head(head)
+    y = head(x)
+    assert y.dtype == torch.float32 and head.int8_q.dtype == torch.int8
+    assert _rel(y, ref) < 1e-2
+    assert (y.argmax(-1) == ref.argmax(-1)).float().mean() >= 2 / 3

@@ -2,7 +2,7 @@
 
 - ``GGUFLinearMethod`` (quantization key ``"gguf"``): serves a GGUF file's Q4_0 / Q4_1 blocks as
   int4 group-32 weights (exact) and Q8_0 blocks as per-row int8 (requantized); any other block type,
-  and unquantized tensors, stay dense in the model dtype.
+  and unquantized tensors, stay dense in the model dtype. The LM head runs as per-row int8.
 - ``Int8WeightOnlyLinearMethod``: per-row symmetric int8 weights, activations unquantized.
 
 Both keep the activations in ``compute_dtype`` (bf16: the fast path of torch's CPU kernels) and
@@ -59,6 +59,18 @@ class GGUFLinearMethod(LinearMethod):
         if layer.quant_kind != "dense":
             _drop_dense(layer)
         layer.gguf_raw = None  # the raw blocks are not needed after packing
+
+    def process_lm_head(self, lm_head: nn.Module) -> None:
+        """The LM head (often tied to the embedding, whose dense weight stays for lookups) runs
+        as per-row int8: a quarter of the float32 bytes read per decode step."""
+        q, scale = quantize_int8_rows(lm_head.weight.data)
+        scale = scale.to(COMPUTE_DTYPE)
+        lm_head.int8_q, lm_head.int8_scale = q, scale
+
+        def apply(hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
+            return int8_matmul(hidden, q, scale)
+
+        lm_head.quant_apply = apply
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> [..., out]."""
