@@ -36,10 +36,10 @@ if [[ " $SECTIONS " == *" bench "* ]]; then
   tail -8 "$OUT/bench_llama.log"
   if [[ " $SECTIONS " == *" compile "* ]]; then
     timeout ${COMPILE_TIMEOUT:-200} python3 benchmarks/gpu/bench_engine.py --model llama3-8b --batch 1 64 \
-      --enable-torch-compile --json-out "$OUT/bench_llama_compile.json" 2>&1 | grep -v "it/s\]" > "$OUT/bench_llama_compile.log"
+      --enable-torch-compile ${COMPILE_ARGS:-} --json-out "$OUT/bench_llama_compile.json" 2>&1 | grep -v "it/s\]" > "$OUT/bench_llama_compile.log"
     tail -6 "$OUT/bench_llama_compile.log"
   fi
   timeout ${MOE_TIMEOUT:-120} python3 benchmarks/gpu/bench_engine.py --model mixtral-16l --batch 1 64 \
-    --max-total-tokens 40000 --json-out "$OUT/bench_mixtral.json" 2>&1 | grep -v "it/s\]" > "$OUT/bench_mixtral.log"
+    --max-total-tokens 40000 ${MOE_ARGS:-} --json-out "$OUT/bench_mixtral.json" 2>&1 | grep -v "it/s\]" > "$OUT/bench_mixtral.log"
   tail -6 "$OUT/bench_mixtral.log"
 fi

@@ -12,11 +12,13 @@ Cache layout: k_cache / v_cache [num_pages, page_size, Hkv, D]; block_tables [B,
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
 
-from infer_cuda.kernels.common import dot_precision, dot_upcast
+from infer_cuda.kernels.common import dot_precision, dot_upcast, interpreting
 
 LOG2E = 1.4426950408889634
 
@@ -115,21 +117,45 @@ def _decode_merge_kernel(
 
 def pick_num_splits(batch: int, num_kv_heads: int, max_context_len: int, num_sms: int,
                     block_n: int = 64) -> int:
-    """Splits per sequence so that batch * kv_heads * splits fills about two waves of SMs.
+    """Splits per sequence so that batch * kv_heads * splits fills about four waves of SMs.
 
     Depends only on the batch size (and fixed config), so it is stable across graph replays."""
-    want = max(1, (2 * num_sms) // max(1, batch * num_kv_heads))
+    want = max(1, triton.cdiv(4 * num_sms, max(1, batch * num_kv_heads)))
     useful = max(1, triton.cdiv(max_context_len, block_n))
     return int(min(want, useful, 64))
+
+
+# (BLOCK_N, num_warps, num_stages) candidates for the split kernel, timed once per shape on a GPU
+_CONFIGS = [(64, 4, 2), (32, 4, 2), (128, 4, 2), (64, 8, 3), (128, 8, 3), (32, 2, 2)]
+_TUNED: dict[tuple, tuple[int, int, int]] = {}
+
+
+def _tuned_config(key: tuple, launch: Callable[[tuple[int, int, int]], None]) -> tuple[int, int, int]:
+    """Fastest split-kernel config for ``key``, timed on first use (never while a CUDA graph is
+    being captured: the warm-up before capture fills the table). Interpreter: the default."""
+    if key in _TUNED:
+        return _TUNED[key]
+    if interpreting() or not torch.cuda.is_available() or torch.cuda.is_current_stream_capturing():
+        return _CONFIGS[0]
+    from triton.testing import do_bench
+
+    times = {}
+    for cfg in _CONFIGS:
+        try:
+            times[cfg] = do_bench(lambda c=cfg: launch(c), warmup=5, rep=20)
+        except Exception:  # a config the compiler rejects (resources): skip it
+            continue
+    _TUNED[key] = min(times, key=times.get) if times else _CONFIGS[0]
+    return _TUNED[key]
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor,
                      scale: float, num_splits: int, k_scale: float = 1.0, v_scale: float = 1.0,
-                     block_n: int = 64) -> torch.Tensor:
+                     block_n: int | None = None) -> torch.Tensor:
     """q [B, H, D]; caches [P, page, Hkv, D]; block_tables [B, max_pages]; seq_lens [B] (>= 1).
 
-    Writes out [B, H, D] and returns it."""
+    Writes out [B, H, D] and returns it. ``block_n`` None: tuned per shape on a GPU."""
     bsz, num_heads, head_dim = q.shape
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -139,19 +165,28 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     lse_part = torch.empty(bsz, num_heads, num_splits, dtype=torch.float32, device=q.device)
     block_d = triton.next_power_of_2(head_dim)
     kv_scaled = k_cache.dtype != q.dtype
-    _decode_split_kernel[(bsz, num_kv_heads, num_splits)](
-        q, kf, vf, block_tables, seq_lens, o_part, lse_part,
-        scale * LOG2E, k_scale, v_scale,
-        q.stride(0), q.stride(1),
-        kf.stride(0), kf.stride(1), vf.stride(0), vf.stride(1),
-        block_tables.stride(0),
-        o_part.stride(0), o_part.stride(1), o_part.stride(2),
-        lse_part.stride(0), lse_part.stride(1),
-        PAGE_SIZE=page_size, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits,
-        KV_SCALED=kv_scaled, DOT_PREC=dot_precision(q.dtype), DOT_F32=dot_upcast(q.dtype),
-        num_warps=4, num_stages=2,
-    )
+
+    def launch(cfg: tuple[int, int, int]) -> None:
+        bn, warps, stages = cfg
+        _decode_split_kernel[(bsz, num_kv_heads, num_splits)](
+            q, kf, vf, block_tables, seq_lens, o_part, lse_part,
+            scale * LOG2E, k_scale, v_scale,
+            q.stride(0), q.stride(1),
+            kf.stride(0), kf.stride(1), vf.stride(0), vf.stride(1),
+            block_tables.stride(0),
+            o_part.stride(0), o_part.stride(1), o_part.stride(2),
+            lse_part.stride(0), lse_part.stride(1),
+            PAGE_SIZE=page_size, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=bn, NUM_SPLITS=num_splits,
+            KV_SCALED=kv_scaled, DOT_PREC=dot_precision(q.dtype), DOT_F32=dot_upcast(q.dtype),
+            num_warps=warps, num_stages=stages,
+        )
+
+    if block_n is not None:
+        launch((block_n, 4, 2))
+    else:
+        key = (bsz, num_kv_heads, group, head_dim, page_size, num_splits, q.dtype, k_cache.dtype)
+        launch(_tuned_config(key, launch))
     _decode_merge_kernel[(bsz, num_heads)](
         o_part, lse_part, out,
         o_part.stride(0), o_part.stride(1), o_part.stride(2),
