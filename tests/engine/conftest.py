@@ -22,14 +22,10 @@ def tiny_model(tmp_path_factory):
 def make_core(tiny_model):
     from infer.core.config import ServerArgs
     from infer.core.engine.engine_core import EngineCore
-    from infer.core.plugins import get_plugin_host
-
-    platform = get_plugin_host().select("cpu")
 
     def make(**flags):
         flags.setdefault("max_total_tokens", 8192)
         flags.setdefault("dtype", "float32")
-        # the start-up gate is tested by the settings tests; the engine tests pass the platform
-        return EngineCore(ServerArgs(model_path=str(tiny_model[0]), **flags), platform=platform)
+        return EngineCore(ServerArgs(model_path=str(tiny_model[0]), **flags))  # through the gate
 
     return make

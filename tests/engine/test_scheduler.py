@@ -161,3 +161,29 @@ def test_retraction_frees_and_resumes():
     assert len(a.output_ids) == 6 and len(b.output_ids) == 6
     s.kv.cache.evict(10**6)
     assert s.kv.pool.num_free == s.kv.pool.capacity
+
+
+def test_schedule_conservativeness_holds_back_admission():
+    def admitted(cons):
+        s = make(num_pages=41, schedule_conservativeness=cons)  # 40 tokens
+        a, b = req("a", [1] * 10, max_new=30), req("b", [2] * 10, max_new=30)
+        s.add(a)
+        step(s)
+        s.add(b)
+        step(s)
+        return b.state is RequestState.RUNNING
+
+    assert admitted(0.0)
+    assert not admitted(1.0)  # b's prompt fits, but not with room kept for a's and b's outputs
+
+
+def test_mixed_chunk_puts_decode_rows_in_prefill_batches():
+    for mixed in (False, True):
+        s = make(enable_mixed_chunk=mixed)
+        s.add(req("a", [1, 2, 3], max_new=5))
+        step(s)
+        s.add(req("b", [4, 5, 6], max_new=5))
+        b = s.schedule()
+        assert b.is_prefill
+        kinds = sorted((q.req.rid, q.extend_len) for q in b.seqs)
+        assert kinds == ([("a", 1), ("b", 3)] if mixed else [("b", 3)])

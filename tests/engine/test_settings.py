@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from helpers import random_prompts, run_all
-
 from infer.core.cache.page_pool import kv_bytes_per_token
 
 
@@ -45,3 +44,36 @@ def test_every_policy_end_to_end_gives_the_same_greedy_outputs(make_core, policy
     got = run_all(make_core(schedule_policy=policy, max_running_requests=2,
                             radix_eviction_policy="lfu"), prompts)
     assert {k: v[0] for k, v in got.items()} == {k: v[0] for k, v in base.items()}
+
+
+def test_random_seed_makes_unseeded_sampling_reproducible(make_core):
+    p = {"max_new_tokens": 10, "temperature": 1.5, "ignore_eos": True}
+    prompts = random_prompts(2, seed=6)
+    a = run_all(make_core(random_seed=7), prompts, p)
+    b = run_all(make_core(random_seed=7), prompts, p)
+    c = run_all(make_core(random_seed=8), prompts, p)
+    assert {k: v[0] for k, v in a.items()} == {k: v[0] for k, v in b.items()}
+    assert {k: v[0] for k, v in a.items()} != {k: v[0] for k, v in c.items()}
+
+
+def test_prompt_logprobs_with_chunked_prefill_and_prefix_cache(make_core):
+    prompt = random_prompts(1, seed=12, lo=30, hi=31)[0]
+
+    def prompt_lps(core):
+        core.add_request(core.make_request("x", prompt, {"max_new_tokens": 1},
+                                           return_logprob=True, logprob_start_len=0))
+        outs = []
+        while core.has_work():
+            outs.extend(core.step())
+        return next(o.prompt_logprobs for o in outs if o.prompt_logprobs is not None)
+
+    whole = prompt_lps(make_core())
+    core = make_core(chunked_prefill_size=8, page_size=2)
+    chunked = prompt_lps(core)
+    again = prompt_lps(core)  # the prompt is cached now, logprobs still need every position
+    assert len(whole) == len(chunked) == len(again) == 30
+    for (t1, a), (t2, b), (t3, c) in zip(whole, chunked, again, strict=True):
+        assert t1 == t2 == t3
+        assert (a is None) == (b is None) == (c is None)
+        if a is not None:
+            assert abs(a - b) < 1e-3 and abs(a - c) < 1e-3
