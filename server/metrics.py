@@ -16,12 +16,12 @@ _TTFT = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80
 _ITL = [0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5, 5]
 _E2E = [0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320]
 
-# engine stats key -> gauge name; the first key present wins
+# gauge name -> (EngineStats fields to read, first present wins; help text)
 _GAUGES = {
-    "num_queue_reqs": (("num_waiting", "num_queue_reqs", "waiting"), "Requests waiting in the queue"),
-    "num_running_reqs": (("num_running", "num_running_reqs", "running"), "Requests running"),
-    "token_usage": (("kv_usage", "token_usage"), "Fraction of KV-cache pages in use"),
-    "cache_hit_rate": (("cache_hit_rate", "prefix_cache_hit_rate"), "Prefix-cache hit rate"),
+    "num_queue_reqs": (("queued",), "Requests waiting in the queue"),
+    "num_running_reqs": (("running",), "Requests running"),
+    "token_usage": (("token_usage",), "Fraction of KV-cache pages held by running requests"),
+    "cache_hit_rate": (("prefix_cache_hit_rate",), "Prefix-cache hit rate (cached / prompt tokens)"),
 }
 
 

@@ -63,6 +63,7 @@ class GenerateJob:
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
     route: str = ""
     prompt_text: str | None = None
+    user: str | None = None  # the OpenAI ``user`` field: shown in request logs
 
 
 def make_params(fields: dict[str, Any], defaults: dict[str, Any]) -> SamplingParams:
@@ -145,7 +146,7 @@ def _log_request(level: int, job: GenerateJob, finals: dict[int, SeqDelta],
     """--log-requests: 0 metadata, 1 + sampling params, 2 + partial input/output, 3 everything."""
     reasons = [finals[i].finish_reason if i in finals else "abort" for i in range(job.n)]
     tokens = [finals[i].completion_tokens if i in finals else 0 for i in range(job.n)]
-    parts = [f"request rid={job.rid} route={job.route} prompt_tokens={len(job.prompt_ids)} "
+    parts = [f"request rid={job.rid} route={job.route} user={job.user} prompt_tokens={len(job.prompt_ids)} "
              f"completion_tokens={tokens} finish={reasons} latency={seconds:.3f}s"]
     if level >= 1:
         parts.append(f"params={job.params.to_dict()}")

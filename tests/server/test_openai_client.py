@@ -108,6 +108,11 @@ def test_completion_logprobs_and_echo(client):
     assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
     echo = _greedy(client, max_tokens=5, echo=True)
     assert echo.choices[0].text == PROMPT + r.choices[0].text
+    echo_lp = _greedy(client, max_tokens=5, echo=True, logprobs=1).choices[0].logprobs
+    n_prompt = echo.usage.prompt_tokens
+    assert len(echo_lp.tokens) == n_prompt + 5
+    assert echo_lp.token_logprobs[0] is None and echo_lp.token_logprobs[n_prompt:] == \
+        pytest.approx(lp.token_logprobs, abs=0.05)  # bf16, other batch shapes
 
 
 def test_chat_logprobs(client):

@@ -91,7 +91,10 @@ def test_fit_context():
     assert fit_context([1] * 150, 5, 100, True) == ([1] * 99, 1)
 
 
-def test_chat_template_option():
+def test_chat_template_option(tmp_path):
+    custom = tmp_path / "t.jinja"
+    custom.write_text("{{ messages[0]['content'] }}")
+    assert resolve_chat_template(str(custom), "model's") == "{{ messages[0]['content'] }}"
     assert {"chatml", "llama3"} <= set(builtin_template_names())
     assert "<|im_start|>" in resolve_chat_template("chatml", None)
     assert resolve_chat_template(None, "model's") == "model's"

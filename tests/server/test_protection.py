@@ -61,10 +61,10 @@ def test_root_path_and_chat_template_and_truncation(guarded, tiny_dir):
 
 
 def test_request_log(guarded):
-    httpx.post(f"{guarded.url}/v1/completions", headers=AUTH, json={"prompt": "log me", "max_tokens": 2})
+    httpx.post(f"{guarded.url}/v1/completions", headers=AUTH, json={"prompt": "log me", "max_tokens": 2, "user": "u1"})
     time.sleep(0.3)
     out = guarded.output()
-    assert "route=/v1/completions" in out and "input='log me'" in out
+    assert "route=/v1/completions user=u1" in out and "input='log me'" in out
 
 
 def test_queue_full_gets_503_with_retry_after(guarded):

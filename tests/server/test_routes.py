@@ -119,6 +119,15 @@ def test_abort_request_by_rid(http):
     assert http.post("/abort_request", json={"rid": "no-such"}).status_code == 404
 
 
+def test_disconnect_mid_request_aborts_it(http, server):
+    """A non-streaming client that gives up: the server aborts its request at once."""
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/generate", timeout=1.0, json={
+            "text": "gone", "sampling_params": {"max_new_tokens": 500, "ignore_eos": True}})
+    eng = _wait_idle(http, timeout=10)
+    assert eng["running"] == 0
+
+
 def _pool(http) -> dict:
     return http.get("/get_server_info").json()["engine"]
 
@@ -188,11 +197,12 @@ def test_64_streams_quarter_disconnect_no_leak(http, server):
 def test_metrics(http):
     http.post("/v1/completions", json={"prompt": "metrics", "max_tokens": 3})
     text = http.get("/metrics").text
+    samples = {line.split("{")[0] for line in text.splitlines() if line and not line.startswith("#")}
     for name in ("infer:num_requests_total", "infer:prompt_tokens_total", "infer:generation_tokens_total",
                  "infer:time_to_first_token_seconds_bucket", "infer:inter_token_latency_seconds_bucket",
-                 "infer:num_queue_reqs", "infer:num_running_reqs", "infer:token_usage",
-                 "infer:cache_hit_rate"):
-        assert name in text, name
+                 "infer:e2e_request_latency_seconds_bucket", "infer:num_queue_reqs",
+                 "infer:num_running_reqs", "infer:token_usage", "infer:cache_hit_rate"):
+        assert name in samples, name
     def buckets(metric: str) -> set[str]:
         return {line.split('le="')[1].split('"')[0] for line in text.splitlines()
                 if line.startswith(f"{metric}_bucket")}
