@@ -19,7 +19,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from infer.server.auth import require_admin_key, require_api_key
 from infer.server.errors import APIError, bad_request, unavailable
-from infer.server.generation import SeqDelta
+from infer.server.generation import SeqDelta, merge
 from infer.server.openai_format import SSE_DONE, TokenText, sse
 from infer.server.protocol import (
     AbortRequest,
@@ -154,8 +154,6 @@ async def generate(request: Request) -> Response:
         serving.prepare(job)
     batch = isinstance(body.text, list) or (isinstance(body.input_ids, list) and body.input_ids
                                             and isinstance(body.input_ids[0], list))
-    from infer.server.generation import merge
-
     async def numbered(j: int, job: GenerateJob) -> AsyncIterator[tuple[int, SeqDelta]]:
         async for d in serving.generate(job):
             yield j, d

@@ -33,7 +33,7 @@ from infer.server.openai_format import (
 from infer.server.protocol import ChatCompletionRequest, CompletionRequest, NamedToolChoice, parse_body
 from infer.server.reasoning import ReasoningSplitter
 from infer.server.serving import GenerateJob, ServerState, Serving, cancel_on_disconnect, make_params
-from infer.server.tool_parsers import forced_grammar, forced_schema
+from infer.server.tool_parsers import forced_grammar, forced_schema, get_parser
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 
@@ -246,8 +246,6 @@ async def chat_completions(request: Request) -> Response:
 class _ChatFormat:
     def __init__(self, s: ServerState, body: ChatCompletionRequest, job: GenerateJob, rid: str,
                  tools_on: bool, forced: bool) -> None:
-        from infer.server.tool_parsers import get_parser
-
         self.s, self.body, self.job, self.rid = s, body, job, rid
         self.created = int(time.time())
         self.tt = TokenText(s.tokenizer)
