@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import typer
-from infer.core.model.loader.default_model import (
-    DEFAULT_ALIAS,
-    DEFAULT_MODELS,
-    DefaultModelError,
-    cache_dir,
-    cached_path,
-    ensure_default_model,
-)
+
+# The loader package imports torch; commands import it lazily so `infer --help` stays fast.
+DEFAULT_ALIAS = "smollm2"
 
 app = typer.Typer(help="Fetch and list the built-in default models.", no_args_is_help=True)
 
@@ -18,6 +13,12 @@ app = typer.Typer(help="Fetch and list the built-in default models.", no_args_is
 @app.command("pull")
 def pull(alias: str = typer.Argument(DEFAULT_ALIAS, help="model alias, e.g. smollm2")) -> None:
     """Download a default model into the infer cache (nothing is fetched when it is cached)."""
+    from infer.core.model.loader.default_model import (
+        DEFAULT_MODELS,
+        DefaultModelError,
+        ensure_default_model,
+    )
+
     if alias not in DEFAULT_MODELS:
         typer.echo(f"error: unknown model alias {alias!r} (known: {', '.join(DEFAULT_MODELS)})",
                    err=True)
@@ -33,6 +34,8 @@ def pull(alias: str = typer.Argument(DEFAULT_ALIAS, help="model alias, e.g. smol
 @app.command("list")
 def list_models() -> None:
     """Show each alias, whether it is cached, and where."""
+    from infer.core.model.loader.default_model import DEFAULT_MODELS, cache_dir, cached_path
+
     typer.echo(f"cache: {cache_dir()}")
     for alias, spec in DEFAULT_MODELS.items():
         path = cached_path(alias)
