@@ -4,7 +4,9 @@ A *holder* is any object with the Request fields ``pages``, ``num_prefix_pages``
 ``cache_handle``, ``num_computed`` and ``all_ids`` (see infer.core.engine.request). The manager
 mutates only those fields, the pool and the cache. Invariant after every call:
 ``holder.pages[:num_prefix_pages]`` are cache pages locked through ``cache_handle``; the rest of
-``holder.pages`` are private to the holder.
+``holder.pages`` are private to the holder. Every change to ``holder.pages`` lowers
+``holder.pages_dirty`` to the first changed index, so a consumer holding a copy of the page list
+(the model runner's block-table rows) refreshes only what changed.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class KVManager:
         m = self.cache.match_prefix(ids[:n])
         self.cache.lock(m.handle)
         holder.pages = list(m.pages)
+        holder.pages_dirty = 0
         holder.num_prefix_pages = len(m.pages)
         holder.cache_handle = m.handle
         holder.num_computed = len(m.pages) * self.page_size
@@ -64,6 +67,7 @@ class KVManager:
         got = self.pool.alloc(need)
         if got is None:
             return False
+        holder.pages_dirty = min(holder.pages_dirty, len(holder.pages))
         holder.pages.extend(got)
         return True
 
@@ -82,6 +86,7 @@ class KVManager:
         self.cache.lock(m.handle)
         self.cache.unlock(holder.cache_handle)
         holder.pages[:n_pages] = m.pages
+        holder.pages_dirty = min(holder.pages_dirty, k)
         holder.num_prefix_pages = n_pages
         holder.cache_handle = m.handle
 
@@ -97,6 +102,7 @@ class KVManager:
         self.pool.free(holder.pages[holder.num_prefix_pages:])
         self.cache.unlock(holder.cache_handle)
         holder.pages = []
+        holder.pages_dirty = 0
         holder.num_prefix_pages = 0
         holder.cache_handle = None
 

@@ -25,6 +25,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from infer.core.engine.forward_batch import ForwardBatch
 from infer.core.engine.request import Request
@@ -118,18 +119,22 @@ class ModelRunner:
                                    d.slot_mapping, list(range(b)))
 
     def _forward_batch(self, ids: list[int], pos: list[int], extend: list[int], seq_lens: list[int],
-                       tables: list[list[int]], slots: list[int], logit_rows: list[int]) -> ForwardBatch:
+                       tables: np.ndarray | list[list[int]], slots: list[int], logit_rows: list[int]
+                       ) -> ForwardBatch:
         """Every index tensor of the step travels to the device in one int64 copy, then is
-        split (views) and narrowed to int32 where the metadata wants it."""
+        split (views) and narrowed to int32 where the metadata wants it. ``tables`` is the
+        [B, W] block table (rows padded with page 0)."""
+        if not isinstance(tables, np.ndarray):
+            width = max(len(x) for x in tables)
+            tables = np.array([x + [0] * (width - len(x)) for x in tables], dtype=np.int64)
         b, t, n = len(extend), len(ids), len(logit_rows)
-        width = max(len(x) for x in tables)
+        width = tables.shape[1]
         qsl = [0]
         for e in extend:
             qsl.append(qsl[-1] + e)
-        flat_tables = [p for x in tables for p in (x + [0] * (width - len(x)))]
         prefix = [s_ - e for s_, e in zip(seq_lens, extend, strict=True)]
-        host = torch.tensor(ids + pos + slots + logit_rows + qsl + seq_lens + prefix + flat_tables,
-                            dtype=torch.int64)
+        small = torch.tensor(ids + pos + slots + logit_rows + qsl + seq_lens + prefix, dtype=torch.int64)
+        host = torch.cat([small, torch.from_numpy(tables.astype(np.int64, copy=False)).view(-1)])
         dev_all = host.to(self.device)
         parts = dev_all.split([t, t, t, n, b + 1, b, b, b * width])
         meta = AttentionMetadata(
@@ -146,17 +151,22 @@ class ModelRunner:
         """ForwardBatch for a scheduled batch plus, per sequence, (req, first logit row,
         number of logit rows); the last logit row of a sampled sequence is its sampling row."""
         ps = self.page_size
-        ids, pos, extend, seq_lens, tables, slots, rows, spans = [], [], [], [], [], [], [], []
+        ids, pos, extend, seq_lens, slots, rows, spans = [], [], [], [], [], [], []
+        n_pages = [-(-(s.req.num_computed + s.extend_len) // ps) for s in batch.seqs]
+        tables = np.zeros((len(batch.seqs), max(n_pages)), dtype=np.int64)
         t = 0
-        for s in batch.seqs:
+        for i, s in enumerate(batch.seqs):
             r, nc, e = s.req, s.req.num_computed, s.extend_len
-            all_ids = r.all_ids
-            ids.extend(all_ids[nc:nc + e])
+            if e == 1 and r.output_ids and nc == r.seq_len - 1:
+                ids.append(r.output_ids[-1])  # decode row: no copy of the whole sequence
+            else:
+                ids.extend(r.all_ids[nc:nc + e])
             pos.extend(range(nc, nc + e))
             extend.append(e)
             seq_lens.append(nc + e)
-            tables.append(r.pages[:-(-(nc + e) // ps)])
-            slots.extend(r.pages[p // ps] * ps + p % ps for p in range(nc, nc + e))
+            tables[i, :n_pages[i]] = self._page_row(r)[:n_pages[i]]
+            pages = r.pages
+            slots.extend(pages[p // ps] * ps + p % ps for p in range(nc, nc + e))
             first = len(rows)
             if self._wants_prompt_logprobs(r):  # rows for positions lo .. nc+e-1
                 lo = max(nc, r.logprob_start_len)
@@ -170,6 +180,17 @@ class ModelRunner:
         if not rows:
             rows = [t - 1]  # the model needs at least one row; its logits are unused
         return self._forward_batch(ids, pos, extend, seq_lens, tables, slots, rows), spans
+
+    def _page_row(self, r: Request) -> np.ndarray:
+        """The request's page list as a numpy row, refreshed only from ``pages_dirty`` on."""
+        row = r.page_table
+        if row is None or len(row) < len(r.pages):
+            row = r.page_table = np.zeros(max(self.max_pages_per_seq, len(r.pages)), dtype=np.int64)
+            r.pages_dirty = 0
+        if r.pages_dirty < len(r.pages):
+            row[r.pages_dirty:len(r.pages)] = r.pages[r.pages_dirty:]
+        r.pages_dirty = len(r.pages)
+        return row
 
     @staticmethod
     def _wants_prompt_logprobs(r: Request) -> bool:
@@ -192,7 +213,12 @@ class ModelRunner:
                 sample_rows.append(first + n - 1)
                 sample_reqs.append(req)
         if sample_reqs:
-            self._sample(logits[sample_rows], sample_reqs, res)
+            if sample_rows != list(range(logits.shape[0])):  # else: already one row per sample
+                logits_s = logits.index_select(
+                    0, torch.tensor(sample_rows, dtype=torch.int64).to(logits.device))
+            else:
+                logits_s = logits
+            self._sample(logits_s, sample_reqs, res)
         self._prompt_logprobs(logits, batch, spans, res)
         return res
 

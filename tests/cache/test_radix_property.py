@@ -28,6 +28,7 @@ class Holder:
     num_prefix_pages: int = 0
     cache_handle: object = None
     num_computed: int = 0
+    pages_dirty: int = 0
 
 
 def check_invariant(kv: KVManager, live: list[Holder]) -> None:
