@@ -155,9 +155,9 @@ async def _run_http(args: Any, client: EngineClient) -> int:
 
 
 def _http_log_level(args: Any) -> str:
-    """--log-level-http (alias --uvicorn-log-level), else --log-level; uvicorn's own names."""
-    level = getattr(args, "log_level_http", None) or getattr(args, "log_level", None) or "warning"
-    return str(level).lower()
+    """--log-level-http (alias --uvicorn-log-level); by default uvicorn only warns, so the one
+    ready line is the only line that announces the URL."""
+    return str(getattr(args, "log_level_http", None) or "warning").lower()
 
 
 class _Server(uvicorn.Server):
