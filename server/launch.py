@@ -87,6 +87,9 @@ async def _serve(args: Any, core_factory: str) -> int:
     client: EngineClient | None = None
     try:
         ready = await _wait_ready(pull, proc)
+        if ready.tokenizer is None:
+            raise StartupError("the HTTP server needs the model's tokenizer (chat templates, text in "
+                               "and out); remove --skip-tokenizer-init or use the offline Engine", 2)
         client = EngineClient(proc, pull, push, ready)
         client.start()
         return await _run_http(args, client)

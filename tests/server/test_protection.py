@@ -30,6 +30,8 @@ def test_api_key(guarded):
                    headers={"Authorization": "Bearer wrong"})
     assert r.status_code == 401
     assert httpx.get(f"{guarded.url}/health").status_code == 200  # open
+    off = httpx.get(f"{guarded.url}/metrics")
+    assert off.status_code == 404 and "--enable-metrics" in off.json()["error"]["message"]
     bad = openai.OpenAI(base_url=f"{guarded.url}/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
