@@ -163,6 +163,12 @@ def test_tool_call_round_trip_forced_by_grammar(client):
                                          tool_choice="required", parallel_tool_calls=False,
                                          temperature=0, max_tokens=60)
     assert req.choices[0].message.tool_calls[0].function.name == "get_weather"
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=messages[:1], tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+        temperature=0, max_tokens=60, stream=True))
+    calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+    assert [(c.index, c.function.name) for c in calls] == [(0, "get_weather")]
+    assert json.loads(calls[0].function.arguments) == json.loads(req.choices[0].message.tool_calls[0].function.arguments)
 
 
 def test_tool_call_parser_streaming(client):
