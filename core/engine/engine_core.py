@@ -80,6 +80,7 @@ class EngineCore:
         self._rng = random.Random(seed)
         self._reqs: dict[str, Request] = {}
         self._groups: dict[str, list[str]] = {}  # n > 1: original rid -> choice rids
+        self._parent: dict[str, str] = {}  # choice rid -> original rid
         self._pending: list[RequestOutput] = []  # aborts / errors to report in the next step
         self.counters = {"prompt_tokens": 0, "generated_tokens": 0, "cached_tokens": 0}
         log.info("KV pool: %d pages x %d tokens (%d tokens)", self.pool.capacity, self.page_size,
@@ -128,15 +129,14 @@ class EngineCore:
         return Request(rid=rid, prompt_ids=list(input_ids), params=params, **kwargs)
 
     def add_request(self, req: Request) -> list[str]:
-        if req.rid in self._reqs:
+        """Queue a request (all n choices, or nothing: every check runs before any is queued)."""
+        if req.rid in self._reqs or req.rid in self._groups:
             raise ValueError(f"rid: request id {req.rid!r} is already in use")
         self._validate(req)
         n = req.params.n
         reqs = [req] if n == 1 else [self._sibling(req, i) for i in range(n)]
         for r in reqs[1:]:
             r.after = reqs[0]
-        if n > 1:
-            self._groups[req.rid] = [r.rid for r in reqs]
         sched = self.scheduler
         cap = sched.cfg.max_queued_requests
         if cap is not None and len(sched.waiting) + len(reqs) > cap:
@@ -147,16 +147,17 @@ class EngineCore:
             r.eos_ids = self.eos_ids
             r.max_total_len = self.context_length
             r.seed = r.params.seed if r.params.seed is not None else self._rng.getrandbits(62)
-            if self.tokenizer is not None and r.params.stop:
+            if r.params.stop:
                 r.stop_checker = StopStringDetokenizer(
                     IncrementalDetokenizer(self.tokenizer, r.params.skip_special_tokens,
                                            r.params.spaces_between_special_tokens, r.prompt_ids),
                     r.params.stop)
             if r.params.grammar is not None:
-                if self.grammar is None:
-                    raise ValueError("json_schema: grammar-constrained decoding needs "
-                                     "--grammar-backend xgrammar")
-                r.grammar = self.grammar.matcher(*r.params.grammar)
+                r.grammar = self.grammar.matcher(*r.params.grammar)  # GrammarError: a ValueError
+        if n > 1:
+            self._groups[req.rid] = [r.rid for r in reqs]
+            self._parent.update({r.rid: req.rid for r in reqs})
+        for r in reqs:
             sched.add(r)
             self._reqs[r.rid] = r
         return [r.rid for r in reqs]
@@ -184,6 +185,13 @@ class EngineCore:
         if bad:
             raise ValueError(f"input_ids: token id {bad[0]} is outside the vocabulary "
                              f"(size {self.arch.vocab_size})")
+        p = req.params
+        if p.stop and self.tokenizer is None:
+            raise ValueError("stop: stop strings need a tokenizer, and this engine runs with "
+                             "--skip-tokenizer-init; use stop_token_ids")
+        if p.grammar is not None and self.grammar is None:
+            raise ValueError(f"{p.grammar[0]}: grammar-constrained decoding needs --grammar-backend "
+                             f"xgrammar (and a tokenizer)")
         if req.top_logprobs_num < 0 or req.top_logprobs_num > self.arch.vocab_size:
             raise ValueError(f"top_logprobs_num: must be in [0, {self.arch.vocab_size}]")
 
@@ -197,8 +205,15 @@ class EngineCore:
         self.scheduler.abort(rid)
         req.finish({"type": "abort", "message": "aborted by request"})
         self._pending.append(self._output(req))
-        del self._reqs[rid]
+        self._forget(rid)
         return True
+
+    def _forget(self, rid: str) -> None:
+        """Drop a finished request (and its n > 1 group once every choice has ended)."""
+        self._reqs.pop(rid, None)
+        parent = self._parent.pop(rid, None)
+        if parent is not None and parent in self._groups and not any(r in self._reqs for r in self._groups[parent]):
+            del self._groups[parent]
 
     # -- stepping --------------------------------------------------------------------------------
     def has_work(self) -> bool:
@@ -209,7 +224,7 @@ class EngineCore:
         batch = self.scheduler.schedule()
         for req in self.scheduler.oom_finished:
             outputs.append(self._output(req))
-            self._reqs.pop(req.rid, None)
+            self._forget(req.rid)
         self.scheduler.oom_finished.clear()
         if batch is None:
             return outputs
@@ -225,9 +240,7 @@ class EngineCore:
             if req.finished or len(req.output_ids) > req.num_sent:
                 outputs.append(self._output(req))
             if req.finished:
-                self._reqs.pop(req.rid, None)
-        if self._groups and not self._reqs:
-            self._groups.clear()
+                self._forget(req.rid)
         return outputs
 
     def _account_admissions(self, batch: ScheduleBatch) -> None:

@@ -124,3 +124,23 @@ def test_cli_generate(tiny_model):
     bad = runner.invoke(app, ["generate", "--model-path", str(tiny_model[0]), "--prompt", "x",
                               "--top-p", "7"])
     assert bad.exit_code == 2 and "top_p" in bad.output
+
+
+def test_n_choices_abort_by_original_rid_and_rid_reuse(make_core):
+    core = make_core()
+    p = {**GREEDY, "n": 3, "temperature": 1.0, "seed": 1}
+    assert core.add_request(core.make_request("g", [5, 6, 7], p)) == ["g-0", "g-1", "g-2"]
+    with pytest.raises(ValueError, match="rid"):
+        core.add_request(core.make_request("g", [5, 6, 7], p))
+    core.step()
+    assert core.abort("g")
+    outs = core.step()
+    assert sorted(o.rid for o in outs if o.finish_reason["type"] == "abort") == ["g-0", "g-1", "g-2"]
+    assert run_all(core, [[5, 6, 7]], p)  # rid "r0"; and "g" is free again:
+    core.add_request(core.make_request("g", [5, 6, 7], {**GREEDY, "n": 2}))
+    while core.has_work():
+        core.step()
+    assert not core._groups and not core._parent
+    with pytest.raises(ValueError, match="regex"):
+        core.add_request(core.make_request("s", [5], {"stop": ["x"], "n": 2, "regex": "("}))
+    assert not core.has_work()  # nothing half-queued
