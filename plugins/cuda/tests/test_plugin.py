@@ -71,7 +71,8 @@ def test_registrations():
 @pytest.mark.parametrize("value,gen,status", [
     ("fa3", "sm80", Status.UNSUPPORTED), ("fa3", "sm100", Status.UNSUPPORTED),
     ("fa3", "sm90", Status.NOT_IMPLEMENTED), ("trtllm_mha", "sm90", Status.UNSUPPORTED),
-    ("trtllm_mha", "sm100", Status.NOT_IMPLEMENTED), ("triton", "sm80", Status.SUPPORTED),
+    ("triton", "sm90", Status.SUPPORTED), ("triton", "sm89", Status.EXPERIMENTAL),
+    ("trtllm_mha", "sm100", Status.NOT_IMPLEMENTED),
     ("torch_native", "sm120", Status.SUPPORTED)])
 def test_attention_matrix(value, gen, status):
     assert _host().matrix.lookup("cuda", gen, "--attention-backend", value).status is status
