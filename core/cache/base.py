@@ -45,10 +45,11 @@ class PrefixCache(ABC):
         self.page_size = pool.page_size
 
     @abstractmethod
-    def match_prefix(self, tokens: Sequence[int]) -> PrefixMatch:
+    def match_prefix(self, tokens: Sequence[int], touch: bool = True) -> PrefixMatch:
         """Longest cached page-aligned prefix of ``tokens`` (any length; a partial last page is
-        ignored). Mutates only access statistics (recency, hit counts) and may split an internal
-        node; it never frees, locks or allocates pages."""
+        ignored). Mutates only access statistics (recency, hit counts; not with ``touch=False``,
+        a peek for scheduling) and may split an internal node; it never frees, locks or
+        allocates pages."""
 
     @abstractmethod
     def insert(self, tokens: Sequence[int], pages: Sequence[int]) -> PrefixMatch:

@@ -38,7 +38,8 @@ class KVManager:
         """Cached tokens a request with ``tokens`` would reuse (for scheduling policies)."""
         if not self.cache.enabled:
             return 0
-        return len(self.cache.match_prefix(tokens[:max(0, len(tokens) - 1)]).pages) * self.page_size
+        m = self.cache.match_prefix(tokens[:max(0, len(tokens) - 1)], touch=False)
+        return len(m.pages) * self.page_size
 
     def attach_prefix(self, holder: Any, limit: int | None = None) -> int:
         """Give a holder with no pages its longest cached prefix (always leaving at least one

@@ -28,15 +28,16 @@ class NaiveCache(PrefixCache):
         ps = self.page_size
         return [tuple(tokens[:(i + 1) * ps]) for i in range(len(tokens) // ps)]
 
-    def match_prefix(self, tokens: Sequence[int]) -> PrefixMatch:
+    def match_prefix(self, tokens: Sequence[int], touch: bool = True) -> PrefixMatch:
         pages, key = [], None
         now = next(self._clock)
         for k in self._prefixes(tokens):
             if k not in self.page_of:
                 break
             pages.append(self.page_of[k])
-            self.last[k] = now
-            self.hits[k] = self.hits.get(k, 0) + 1
+            if touch:
+                self.last[k] = now
+                self.hits[k] = self.hits.get(k, 0) + 1
             key = k
         return PrefixMatch(pages, key)
 

@@ -12,7 +12,7 @@ from infer.core.cache.base import PrefixCache, PrefixMatch
 class PlainCache(PrefixCache):
     enabled = False
 
-    def match_prefix(self, tokens: Sequence[int]) -> PrefixMatch:
+    def match_prefix(self, tokens: Sequence[int], touch: bool = True) -> PrefixMatch:
         return PrefixMatch([], None)
 
     def insert(self, tokens: Sequence[int], pages: Sequence[int]) -> PrefixMatch:

@@ -52,7 +52,7 @@ class RadixCache(PrefixCache):
     def _first(self, tokens: Sequence[int], i: int) -> tuple[int, ...]:
         return tuple(tokens[i:i + self.page_size])
 
-    def _walk(self, tokens: Sequence[int]) -> tuple[_Node, list[int]]:
+    def _walk(self, tokens: Sequence[int], touch: bool = True) -> tuple[_Node, list[int]]:
         """Deepest node matching a page-aligned prefix of tokens, splitting a partly matched
         edge so the result ends exactly at the match."""
         ps = self.page_size
@@ -69,8 +69,9 @@ class RadixCache(PrefixCache):
                 n += 1
             if n < len(child.pages):
                 child = self._split(child, n)
-            child.last_access = now
-            child.hits += 1
+            if touch:
+                child.last_access = now
+                child.hits += 1
             pages.extend(child.pages)
             i += n * ps
             node = child
@@ -90,8 +91,8 @@ class RadixCache(PrefixCache):
         upper.children[child.key[:ps]] = child
         return upper
 
-    def match_prefix(self, tokens: Sequence[int]) -> PrefixMatch:
-        node, pages = self._walk(tokens)
+    def match_prefix(self, tokens: Sequence[int], touch: bool = True) -> PrefixMatch:
+        node, pages = self._walk(tokens, touch)
         return PrefixMatch(pages, node if node is not self.root else None)
 
     # -- mutation ----------------------------------------------------------------------------

@@ -8,6 +8,8 @@ Every policy returns a permutation of the waiting list; it never drops or adds r
                 with what runs now or with each other go back to back, largest groups first
     lof         longest output (max_new_tokens) first
     random      a seeded shuffle
+With more than PREFIX_POLICY_MAX_QUEUE waiting requests, lpm and dfs-weight fall back to fcfs
+(as SGLang does), so ordering stays cheap under a flood.
     priority    priority only (same as fcfs with --enable-priority-scheduling)
 """
 
@@ -19,6 +21,7 @@ from collections.abc import Callable, Sequence
 from infer.core.engine.request import Request
 
 POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random", "priority")
+PREFIX_POLICY_MAX_QUEUE = 128  # longer queues use fcfs for lpm / dfs-weight (their cost grows)
 
 
 def priority_key(req: Request, low_values_first: bool) -> int:
@@ -32,6 +35,8 @@ def order_waiting(waiting: Sequence[Request], policy: str, prefix_len: Callable[
     if policy not in POLICIES:
         raise ValueError(f"schedule_policy: must be one of {', '.join(POLICIES)}, got {policy!r}")
     reqs = list(waiting)
+    if policy in ("lpm", "dfs-weight") and len(reqs) > PREFIX_POLICY_MAX_QUEUE:
+        policy = "fcfs"
     if policy == "lpm":
         lens = {id(r): prefix_len(r) for r in reqs}
         reqs.sort(key=lambda r: -lens[id(r)])

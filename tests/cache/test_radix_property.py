@@ -41,7 +41,7 @@ def check_invariant(kv: KVManager, live: list[Holder]) -> None:
 
 # token alphabet of 3 so that prefixes are shared often
 seqs = st.lists(st.integers(0, 2), min_size=1, max_size=24)
-ops = st.lists(st.tuples(st.sampled_from(["start", "finish", "abort", "evict", "unfinished"]),
+ops = st.lists(st.tuples(st.sampled_from(["start", "finish", "abort", "evict", "unfinished", "peek"]),
                          seqs, st.integers(0, 7)), min_size=1, max_size=40)
 
 
@@ -66,6 +66,8 @@ def run_ops(cache_cls, page_size: int, num_pages: int, operations, policy: str =
             kv.release(h, cache=(op == "finish"))
         elif op == "unfinished" and live:
             kv.cache_unfinished(live[k % len(live)])
+        elif op == "peek":
+            log.append(("peek", len(kv.cache.match_prefix(tokens, touch=False).pages)))
         elif op == "evict":
             log.append(("evict", kv.cache.evict(k)))
         check_invariant(kv, live)
@@ -133,6 +135,9 @@ def test_eviction_policy_order(policy, expected_left):
     cache.match_prefix([0, 5])
     cache.match_prefix([0, 5])
     cache.match_prefix([1, 5])  # most recent access: branch 1
+    for _ in range(5):
+        cache.match_prefix([1, 5], touch=False)  # scheduling peeks change neither order
+        cache.match_prefix([0, 5], touch=False)
     cache.evict(1)
     left = [k for k in (0, 1) if cache.match_prefix([k, 5]).pages]
     assert left == expected_left
