@@ -176,14 +176,16 @@ class Scheduler:
                     f"or --mem-fraction-static")})
                 self.oom_finished.append(req)
                 order.pop()
-        rows.sort(key=lambda s: self.running.index(s.req))
+        where = {id(r): i for i, r in enumerate(self.running)}
+        rows.sort(key=lambda s: where[id(s.req)])
         return rows
 
     def _by_retraction_order(self, reqs: list[Request], reverse: bool = False) -> list[Request]:
         """Retract first: lowest priority, then the latest admitted (fewest outputs)."""
         lv = self.cfg.schedule_low_priority_values_first
-        key = (lambda r: (-priority_key(r, lv), -self.running.index(r))) \
-            if self.cfg.enable_priority_scheduling else (lambda r: -self.running.index(r))
+        where = {id(r): i for i, r in enumerate(self.running)}
+        key = (lambda r: (-priority_key(r, lv), -where[id(r)])) \
+            if self.cfg.enable_priority_scheduling else (lambda r: -where[id(r)])
         return sorted(reqs, key=key, reverse=reverse)
 
     def retract(self, req: Request) -> None:
