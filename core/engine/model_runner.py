@@ -223,6 +223,9 @@ class ModelRunner:
         return res
 
     def _sample(self, logits: torch.Tensor, reqs: list[Request], res: StepResult) -> None:
+        if all(self._plain_greedy(r) for r in reqs):  # fast path: no per-row inputs at all
+            res.sampled = list(zip(reqs, logits.argmax(dim=-1).tolist(), strict=True))
+            return
         t = self.sampling_tensors(reqs)
         out = sample(logits, t)
         if out.logprobs is None:
@@ -295,6 +298,13 @@ class ModelRunner:
         if any(r.grammar is not None for r in reqs):
             t.grammar_bitmask = self.grammar.bitmask([r.grammar for r in reqs]).to(dev)
         return t
+
+    @staticmethod
+    def _plain_greedy(r: Request) -> bool:
+        p = r.params
+        return (p.greedy and not r.return_logprob and r.grammar is None
+                and p.repetition_penalty == 1.0 and not p.frequency_penalty
+                and not p.presence_penalty and len(r.output_ids) >= p.min_new_tokens)
 
     def _scatter(self, b: int, rows: list[list[int]], dtype: torch.dtype) -> torch.Tensor:
         """[b, V] on the device: counts (float) or presence (bool) of each row's token ids,
