@@ -10,8 +10,9 @@ follows SGLang's offline API:
         "cached_tokens", "finish_reason", "e2e_latency", [logprob fields]}}
        (a list of those when prompt / input_ids is a list; with n > 1, n entries per prompt)
 
-``stream=True`` returns an iterator of chunks with the same keys whose ``text`` and
-``output_ids`` hold only what is new since the previous chunk (single prompt only).
+``stream=True`` returns an iterator of chunks with the same keys (single prompt only). As in
+SGLang, each chunk's ``text`` and ``output_ids`` are everything so far; with ``stream_output=True``
+(``--stream-output``) they are disjoint segments, only what is new since the previous chunk.
 Logprob entries are SGLang's ``(logprob, token_id, None)`` triples. ``async_generate`` is the
 awaitable twin (``stream=True`` gives an async iterator). Calls from several threads or tasks
 are safe: steps run one at a time under a lock and outputs are routed by request id.
@@ -94,6 +95,7 @@ class Engine:
         self.server_args = server_args
         self.core = EngineCore(server_args)
         self.tokenizer = self.core.tokenizer
+        self.stream_output = bool(getattr(server_args, "stream_output", False))
         self._lock = threading.Lock()
         self._tracks: dict[str, _Track] = {}
         self._counter = itertools.count()
@@ -200,8 +202,7 @@ class Engine:
                 self._pump()
                 for o in self._drain(rid):
                     tr = self._tracks[rid]
-                    delta, new = tr.feed(o)
-                    yield {"text": delta, "output_ids": new, "meta_info": tr.meta_info(logprob)}
+                    yield self._chunk(tr, o, logprob)
                     if o.finished:
                         return
         finally:
@@ -235,8 +236,7 @@ class Engine:
                 await asyncio.to_thread(self._pump)
                 for o in self._drain(rid):
                     tr = self._tracks[rid]
-                    delta, new = tr.feed(o)
-                    yield {"text": delta, "output_ids": new, "meta_info": tr.meta_info(logprob)}
+                    yield self._chunk(tr, o, logprob)
                     if o.finished:
                         return
         finally:
@@ -244,6 +244,12 @@ class Engine:
                 if not self._tracks[rid].finished:
                     self.abort(rid)
                 self._tracks.pop(rid, None)
+
+    def _chunk(self, tr: _Track, o: RequestOutput, logprob: bool) -> dict[str, Any]:
+        delta, new = tr.feed(o)
+        if self.stream_output:
+            return {"text": delta, "output_ids": new, "meta_info": tr.meta_info(logprob)}
+        return {"text": tr.text, "output_ids": list(tr.ids), "meta_info": tr.meta_info(logprob)}
 
     def abort(self, rid: str) -> bool:
         with self._lock:

@@ -45,9 +45,17 @@ def test_generate_shapes_and_matches_core(engine, make_core):
 def test_stream_equals_non_stream(engine):
     full = engine.generate(prompt="The quick brown", sampling_params=GREEDY)
     chunks = list(engine.generate(prompt="The quick brown", sampling_params=GREEDY, stream=True))
-    assert "".join(c["text"] for c in chunks) == full["text"]
-    assert [t for c in chunks for t in c["output_ids"]] == full["output_ids"]
+    assert chunks[-1]["text"] == full["text"] and chunks[-1]["output_ids"] == full["output_ids"]
+    assert all(a["output_ids"] == b["output_ids"][:len(a["output_ids"])]
+               for a, b in zip(chunks, chunks[1:], strict=False))  # cumulative, as SGLang
     assert sum(c["meta_info"]["finish_reason"] is not None for c in chunks) == 1
+    engine.stream_output = True  # --stream-output: disjoint segments
+    try:
+        parts = list(engine.generate(prompt="The quick brown", sampling_params=GREEDY, stream=True))
+    finally:
+        engine.stream_output = False
+    assert "".join(c["text"] for c in parts) == full["text"]
+    assert [t for c in parts for t in c["output_ids"]] == full["output_ids"]
 
 
 def test_async_generate_and_stream(engine):
@@ -56,7 +64,7 @@ def test_async_generate_and_stream(engine):
             engine.async_generate(prompt="Hello world", sampling_params=GREEDY),
             engine.async_generate(prompt="The quick brown", sampling_params=GREEDY))
         gen = await engine.async_generate(prompt="Hello world", sampling_params=GREEDY, stream=True)
-        text = "".join([c["text"] async for c in gen])
+        text = [c["text"] async for c in gen][-1]
         return a, b, text
 
     a, b, text = asyncio.run(main())
