@@ -5,12 +5,20 @@ This module is the entry point: it imports nothing heavy (torch is imported by t
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from infer.core.hookspecs import hookimpl
 
 INFER_API_VERSION = 1
+
+# OpenMP threads that spin at barriers stall whenever a peer thread is descheduled: on this shared
+# 2-core machine the int4 matmuls of one decode step took 2.4 s with spinning and 22 ms with
+# sleeping waits (benchmarks/RESULTS.md). libgomp reads this once, when torch loads it, so it
+# must be set before torch is imported (the plugin host loads this module first); a value the
+# user set wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @hookimpl

@@ -1,0 +1,218 @@
+"""The CPU peer comparison in one run: infer vs transformers (and llama.cpp where it imports),
+alternating round by round, then serving (infer serve vs a one-request-at-a-time transformers
+server) with the same client. Writes JSON under benchmarks/out/, the table into
+benchmarks/RESULTS.md (between the cpu-results markers, other sections kept) and a PNG plot.
+
+    python benchmarks/run_cpu.py --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BEGIN, END = "<!-- cpu-results:begin -->", "<!-- cpu-results:end -->"
+
+
+def load_avg() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def run_json(cmd: list[str], log: list, timeout: int) -> list[dict]:
+    t = time.time()
+    before = load_avg()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    log.append({"cmd": " ".join(cmd), "rc": proc.returncode, "load_before": before,
+                "load_after": load_avg(), "wall_s": round(time.time() - t, 1)})
+    if proc.returncode != 0:
+        print(proc.stderr[-3000:], file=sys.stderr)
+    print(f"[{load_avg()}] {' '.join(cmd[:4])}...: {len(rows)} rows, rc {proc.returncode}", flush=True)
+    return rows
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def server(cmd: list[str], port: int, timeout: int = 900):
+    import httpx
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited: {proc.stderr.read()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).status_code == 200:
+                    break
+            time.sleep(2)
+        else:
+            raise RuntimeError("server did not come up")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def best(rows: list[dict], bs: int) -> dict | None:
+    rs = [r for r in rows if r["batch_size"] == bs]
+    if not rs:
+        return None
+    out = dict(max(rs, key=lambda r: r["decode_throughput"]))
+    out["prefill_latency_s"] = min(r["prefill_latency_s"] for r in rs)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--serve-prompts", type=int, default=32)
+    ap.add_argument("--hf-serve-prompts", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--omp-wait-policy", default="PASSIVE", choices=["PASSIVE", "ACTIVE"])
+    ap.add_argument("--skip-serving", action="store_true")
+    ap.add_argument("--out", type=Path, default=HERE / "out")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    # the same OpenMP settings for every engine (infer's CPU plugin defaults to passive waits)
+    env_threads = {"OMP_NUM_THREADS": str(args.threads), "OMP_WAIT_POLICY": args.omp_wait_policy}
+    os.environ.update(env_threads)
+    lens = ["--input-len", str(args.input_len), "--output-len", str(args.output_len)]
+    bs_args = [a for b in args.batch_size for a in ("--batch-size", str(b))]
+    try:
+        import llama_cpp  # noqa: F401
+
+        have_llama = True
+    except ImportError:
+        have_llama = False
+    log: list = []
+    rows: dict[str, list[dict]] = {"infer": [], "transformers-bf16": [], "llama.cpp": []}
+    for i in range(args.rounds):
+        res = args.out / f"infer_one_batch_r{i}.json"
+        run_json(["infer", "bench", "one-batch", "--model-path", "smollm2", *bs_args, *lens,
+                  "--result-file", str(res)], log, 3600)
+        if res.exists():
+            rows["infer"] += json.loads(res.read_text())["results"]
+        rows["transformers-bf16"] += run_json(
+            [sys.executable, str(HERE / "peer_transformers.py"), "--dtype", "bfloat16",
+             "--threads", str(args.threads), "--batch-size", *map(str, args.batch_size), *lens], log, 3600)
+        if have_llama:
+            rows["llama.cpp"] += run_json([sys.executable, str(HERE / "peer_llamacpp.py"),
+                                           "--threads", str(args.threads), *lens], log, 1800)
+    serving: dict[str, dict] = {}
+    if not args.skip_serving:
+        port = free_port()
+        with server(["infer", "serve", "--model-path", "smollm2", "--port", str(port)], port) as url:
+            r = run_json(["infer", "bench", "serving", "--base-url", url, "--num-prompts",
+                          str(args.serve_prompts), "--max-concurrency", str(args.concurrency), *lens,
+                          "--disable-tqdm", "--result-file", str(args.out / "serving_infer.json")], log, 3600)
+            serving["infer"] = r[0] if r else {}
+        port = free_port()
+        with server([sys.executable, str(HERE / "hf_server.py"), "--port", str(port),
+                     "--threads", str(args.threads)], port) as url:
+            r = run_json(["infer", "bench", "serving", "--base-url", url, "--num-prompts",
+                          str(args.hf_serve_prompts), "--max-concurrency", str(args.concurrency),
+                          *lens, "--disable-tqdm", "--result-file",
+                          str(args.out / "serving_transformers.json")], log, 3600)
+            serving["transformers-bf16 (one at a time)"] = r[0] if r else {}
+    summary = {"rows": rows, "serving": serving, "log": log, "machine": machine(), "args": vars(args)}
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    write_results(summary, args)
+
+
+def machine() -> dict:
+    import torch
+    import transformers
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    info = {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "transformers": transformers.__version__}
+    with contextlib.suppress(ImportError):
+        import llama_cpp
+
+        info["llama_cpp_python"] = llama_cpp.__version__
+    return info
+
+
+def write_results(summary: dict, args) -> None:
+    from plot_cpu import plot
+
+    rows, serving, m = summary["rows"], summary["serving"], summary["machine"]
+    lines = [BEGIN, f"## CPU: SmolLM2-135M-Instruct (Q4_1 GGUF), {args.threads} threads, "
+             f"OMP_WAIT_POLICY={args.omp_wait_policy} for every engine", "",
+             f"Machine: {m['cpu']}, {m['cores']} cores shared with other users; Python {m['python']}, "
+             f"torch {m['torch']}, transformers {m['transformers']}"
+             + (f", llama-cpp-python {m['llama_cpp_python']}" if "llama_cpp_python" in m else
+                ", llama.cpp: llama-cpp-python not available (see below)") + ".",
+             f"Lengths {args.input_len} in / {args.output_len} out, greedy, {args.rounds} alternating "
+             "rounds, best round per engine. Load average (1/5/15 min) before and after every "
+             "command is listed below: the machine was shared, so absolute numbers are noisy; "
+             "ratios come from the same run.", "",
+             "| engine | batch | decode tok/s | TTFT / prefill (ms) | decode vs transformers bf16 |",
+             "| --- | --- | --- | --- | --- |"]
+    for bs in args.batch_size:
+        ref = best(rows["transformers-bf16"], bs)
+        for eng in ("infer", "transformers-bf16", "llama.cpp"):
+            b = best(rows[eng], bs)
+            if b is None:
+                continue
+            ratio = f"{b['decode_throughput'] / ref['decode_throughput']:.2f}x" if ref else "n/a"
+            lines.append(f"| {eng} | {bs} | {b['decode_throughput']:.1f} | "
+                         f"{b['prefill_latency_s'] * 1000:.0f} | {ratio} |")
+    lc, inf1 = best(rows["llama.cpp"], 1), best(rows["infer"], 1)
+    if lc and inf1:
+        lines += ["", f"Batch-1 decode, infer / llama.cpp: {inf1['decode_throughput'] / lc['decode_throughput']:.2f}x"]
+    if serving:
+        lines += ["", f"Serving ({args.concurrency} concurrent clients, random {args.input_len} in / "
+                  f"{args.output_len} out):", "",
+                  "| server | prompts | output tok/s | req/s | median TTFT (ms) | median ITL (ms) | p99 ITL (ms) | median E2E (s) |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for name, s in serving.items():
+            if s:
+                lines.append(f"| {name} | {s['completed']} | {s['output_throughput']:.1f} | "
+                             f"{s['request_throughput']:.3f} | {s['ttft']['median_ms']:.0f} | "
+                             f"{s['itl']['median_ms']:.1f} | {s['itl']['p99_ms']:.1f} | "
+                             f"{s['e2e']['median_ms'] / 1000:.1f} |")
+        vals = [s.get("output_throughput") for s in serving.values()]
+        if len(vals) == 2 and all(vals):
+            lines += ["", f"Serving output throughput, infer / transformers: {vals[0] / vals[1]:.2f}x"]
+    lines += ["", "Commands (with load average before -> after):", ""]
+    lines += [f"- `{e['cmd']}` rc {e['rc']}, {e['wall_s']} s, load {e['load_before']} -> {e['load_after']}"
+              for e in summary["log"]]
+    plot(summary, HERE / "cpu_results.png")
+    lines += ["", "![CPU results](cpu_results.png)", END]
+    path = HERE / "RESULTS.md"
+    text = path.read_text() if path.exists() else "# Benchmark results\n\n"
+    block = "\n".join(lines)
+    if BEGIN in text and END in text:
+        text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.write_text(text)
+    print(block)
+
+
+if __name__ == "__main__":
+    main()
