@@ -227,8 +227,9 @@ class Scheduler:
         for req in order:
             if budget <= 0 or (cfg.prefill_max_requests and len(batch.seqs) >= cfg.prefill_max_requests):
                 break
-            if req.after is not None and (req.after.state is RequestState.WAITING
-                                          or req.after.is_prefilling):
+            first = req.after
+            if first is not None and not first.finished and (
+                    first.state is RequestState.WAITING or first.is_prefilling):
                 continue  # n > 1: wait until the first sibling has cached the prompt
             busy = {id(s.req) for s in batch.seqs}
             if len(self.running) >= cfg.max_running_requests and not self._preempt_for(req, busy):

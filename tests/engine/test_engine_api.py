@@ -152,3 +152,17 @@ def test_n_choices_abort_by_original_rid_and_rid_reuse(make_core):
     with pytest.raises(ValueError, match="regex"):
         core.add_request(core.make_request("s", [5], {"stop": ["x"], "n": 2, "regex": "("}))
     assert not core.has_work()  # nothing half-queued
+
+
+def test_n_choices_survive_abort_of_the_first(make_core):
+    core = make_core()
+    core.add_request(core.make_request("g", [5, 6, 7, 8], {**GREEDY, "n": 3}))
+    assert core.abort("g-0")  # before it ran: the other choices must not wait for it forever
+    done = {}
+    for _ in range(200):
+        for o in core.step():
+            if o.finished:
+                done[o.rid] = o.finish_reason["type"]
+        if not core.has_work():
+            break
+    assert done == {"g-0": "abort", "g-1": "length", "g-2": "length"}
