@@ -265,6 +265,9 @@ class EngineCore:
         finished = []
         now = time.monotonic()
         for req, tok in res.sampled:
+            if req.params.max_new_tokens == 0:  # prefill only (e.g. for prompt logprobs)
+                finished.append((req, {"type": "length", "length": 0}))
+                continue
             req.output_ids.append(tok)
             self.counters["generated_tokens"] += 1
             if req.first_token_time is None:

@@ -190,3 +190,15 @@ def test_sampling_defaults_from_generation_config(tiny_model, make_core, tmp_pat
     greedy = gen(make_core(), {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True})[0]
     assert run("model") == greedy  # top_k 1 from generation_config
     assert run("openai") != greedy  # temperature 1, no top_k
+
+
+def test_max_new_tokens_zero_gives_prompt_logprobs_only(core):
+    core.add_request(core.make_request("z", PROMPT, {"max_new_tokens": 0}, return_logprob=True,
+                                       logprob_start_len=0))
+    outs = []
+    while core.has_work():
+        outs.extend(core.step())
+    (o,) = outs
+    assert o.finished and o.new_token_ids == [] and o.completion_tokens == 0
+    assert o.finish_reason == {"type": "length", "length": 0}
+    assert len(o.prompt_logprobs) == len(PROMPT) and o.prompt_logprobs[1][1] is not None
