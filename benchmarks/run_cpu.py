@@ -92,6 +92,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--omp-wait-policy", default="PASSIVE", choices=["PASSIVE", "ACTIVE"])
     ap.add_argument("--skip-serving", action="store_true")
+    ap.add_argument("--merge", action="store_true", help="Add to the summary.json already in --out.")
     ap.add_argument("--out", type=Path, default=HERE / "out")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -108,6 +109,11 @@ def main() -> None:
         have_llama = False
     log: list = []
     rows: dict[str, list[dict]] = {"infer": [], "transformers-bf16": [], "llama.cpp": []}
+    serving: dict[str, dict] = {}
+    prev = args.out / "summary.json"
+    if args.merge and prev.exists():  # add rounds to an earlier run of the same settings
+        old = json.loads(prev.read_text())
+        rows, serving, log = old["rows"], old["serving"], old["log"]
     for i in range(args.rounds):
         res = args.out / f"infer_one_batch_r{i}.json"
         run_json(["infer", "bench", "one-batch", "--model-path", "smollm2", *bs_args, *lens,
@@ -120,7 +126,6 @@ def main() -> None:
         if have_llama:
             rows["llama.cpp"] += run_json([sys.executable, str(HERE / "peer_llamacpp.py"),
                                            "--threads", str(args.threads), *lens], log, 1800)
-    serving: dict[str, dict] = {}
     if not args.skip_serving:
         port = free_port()
         with server(["infer", "serve", "--model-path", "smollm2", "--port", str(port)], port) as url:

@@ -139,3 +139,21 @@ def test_gguf_method_lm_head_int8():
     assert y.dtype == torch.float32 and head.int8_q.dtype == torch.int8
     assert _rel(y, ref) < 1e-2
     assert (y.argmax(-1) == ref.argmax(-1)).float().mean() >= 2 / 3
+
+
+def test_gguf_method_large_m_uses_dequantised_float32_weight():
+    from infer_cpu.quant.methods import LARGE_M
+
+    layer = _Layer(_weights(32, 64), Q.Q4_1)
+    layer.weight.data = layer.reference.clone()  # a float32 model holds the dequantised weight
+    method = GGUFLinearMethod(LinearConfig("gguf", torch.float32, torch.device("cpu")))
+    method.process_weights_after_loading(layer)
+    assert layer.quant_kind == "int4" and layer.weight is not None
+    big = torch.randn(LARGE_M, 64)
+    torch.testing.assert_close(method.apply(layer, big), big @ layer.reference.t())
+    small = torch.randn(2, 64)
+    assert _rel(method.apply(layer, small), small @ layer.reference.t()) < 1e-2
+    bf16_layer = _Layer(_weights(32, 64), Q.Q4_1)
+    GGUFLinearMethod(LinearConfig("gguf", torch.bfloat16, torch.device("cpu"))
+                     ).process_weights_after_loading(bf16_layer)
+    assert bf16_layer.weight is None
