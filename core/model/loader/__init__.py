@@ -103,11 +103,12 @@ def load_model(model_path: str, *, platform: Any = None, host: Any = None, dtype
     if model_impl == "transformers":
         raise NotImplementedError("--model-impl transformers is not implemented: infer runs only "
                                   "its own model implementations (use auto)")
-    if quantization is not None:
-        raise NotImplementedError(f"--quantization {quantization} is not implemented for "
-                                  f"checkpoint loading; GGUF files are read with --load-format gguf")
     source = resolve_source(model_path, load_format, revision)
     is_gguf = source.load_format == "gguf"
+    if quantization is not None and not (quantization == "gguf" and is_gguf):
+        # "gguf" serves a GGUF file's quantized blocks (the platform's "gguf" linear method)
+        raise NotImplementedError(f"--quantization {quantization} is not implemented for "
+                                  f"checkpoint loading; --quantization gguf needs a GGUF file")
     gguf_ckpt = None
     if is_gguf:
         from infer.core.model.loader.gguf_reader import GGUFCheckpoint

@@ -46,3 +46,21 @@ def test_default_gguf_takes_int4_path_and_agrees_with_float32():
     for g, r in zip(got, ref, strict=True):
         same = next((i for i, (a, b) in enumerate(zip(g, r, strict=True)) if a != b), len(r))
         assert same >= 6, f"fast {tok.decode(g)!r} vs float32 {tok.decode(r)!r}"
+
+
+def test_explicit_quantization_gguf(tmp_path):
+    import torch
+    from infer.core.model.loader import load_model
+    from infer.core.model.loader.default_model import ensure_default_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = str(ensure_default_model(quiet=True))
+    loaded = load_model(path, quantization="gguf", dtype="bfloat16", progress=False,
+                        skip_tokenizer_init=True)
+    assert loaded.ctx.quantization == "gguf" and loaded.arch.dtype == torch.bfloat16
+    assert loaded.model.model.layers[0].mlp.down_proj.quant_kind == "int4"
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    with pytest.raises(NotImplementedError, match="--quantization gguf needs a GGUF file"):
+        load_model(str(tmp_path), quantization="gguf", progress=False, skip_tokenizer_init=True)
