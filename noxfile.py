@@ -59,9 +59,18 @@ def serve(session: nox.Session) -> None:
 
 @nox.session(venv_params=VENV)
 def bench(session: nox.Session) -> None:
-    """The benchmarks (numbers printed, never asserted): ``infer bench`` with the given args."""
+    """The benchmarks (numbers printed, never asserted): ``infer bench`` with the given args; with
+    none, the CPU peer comparison ``benchmarks/run_cpu.py`` (writes benchmarks/RESULTS.md).
+
+    The peers are benchmark-only: accelerate (transformers' GGUF loader) and llama-cpp-python
+    (compiled from source when no wheel fits: about an hour on 2 cores).
+    """
     install_infer(session, extras="bench")
-    session.run("infer", "bench", *session.posargs)
+    if session.posargs:
+        session.run("infer", "bench", *session.posargs)
+        return
+    session.install("accelerate>=1.0", "llama-cpp-python>=0.3")
+    session.run("python", "benchmarks/run_cpu.py")
 
 
 @nox.session(venv_params=VENV)

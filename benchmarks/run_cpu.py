@@ -94,7 +94,14 @@ def main() -> None:
     ap.add_argument("--skip-serving", action="store_true")
     ap.add_argument("--merge", action="store_true", help="Add to the summary.json already in --out.")
     ap.add_argument("--out", type=Path, default=HERE / "out")
+    ap.add_argument("--report-only", type=Path, help="Rewrite RESULTS.md from a summary.json.")
     args = ap.parse_args()
+    if args.report_only:
+        summary = json.loads(args.report_only.read_text())
+        for k in ("batch_size", "input_len", "output_len", "threads", "concurrency", "omp_wait_policy"):
+            setattr(args, k, summary["args"][k])
+        write_results(summary, args)
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     # the same OpenMP settings for every engine (infer's CPU plugin defaults to passive waits)
     env_threads = {"OMP_NUM_THREADS": str(args.threads), "OMP_WAIT_POLICY": args.omp_wait_policy}
@@ -165,6 +172,7 @@ def write_results(summary: dict, args) -> None:
     from plot_cpu import plot
 
     rows, serving, m = summary["rows"], summary["serving"], summary["machine"]
+    args.rounds = sum(" one-batch " in e["cmd"] for e in summary["log"])  # merged runs add rounds
     lines = [BEGIN, f"## CPU: SmolLM2-135M-Instruct (Q4_1 GGUF), {args.threads} threads, "
              f"OMP_WAIT_POLICY={args.omp_wait_policy} for every engine", "",
              f"Machine: {m['cpu']}, {m['cores']} cores shared with other users; Python {m['python']}, "
@@ -207,7 +215,11 @@ def write_results(summary: dict, args) -> None:
     lines += [f"- `{e['cmd']}` rc {e['rc']}, {e['wall_s']} s, load {e['load_before']} -> {e['load_after']}"
               for e in summary["log"]]
     plot(summary, HERE / "cpu_results.png")
-    lines += ["", "![CPU results](cpu_results.png)", END]
+    lines += ["", "![CPU results](cpu_results.png)"]
+    notes = HERE / "cpu_notes.md"
+    if notes.exists():  # hand-written analysis of the committed run
+        lines += ["", notes.read_text().strip()]
+    lines += [END]
     path = HERE / "RESULTS.md"
     text = path.read_text() if path.exists() else "# Benchmark results\n\n"
     block = "\n".join(lines)
