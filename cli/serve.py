@@ -35,6 +35,7 @@ def serve(*, server_args: ServerArgs) -> None:
         fail(str(exc))
     for w in report.warnings:
         typer.echo(f"warning: {w}", err=True)
+    _check_model_source(args)
     try:
         from infer.server.launch import launch_server
     except ModuleNotFoundError as exc:
@@ -43,3 +44,14 @@ def serve(*, server_args: ServerArgs) -> None:
         fail(f"settings are valid for {report.platform.name} ({report.platform.generation}), but "
              "serving is not available yet in this build (infer.server.launch is missing)")
     sys.exit(launch_server(args))
+
+
+def _check_model_source(args: ServerArgs) -> None:
+    """Resolve --model-path (local path, alias, or cached hub repo) before the engine process
+    starts, so a wrong path is one message and exit code 2, not a traceback from the engine."""
+    from infer.core.model.loader.source import ModelSourceError, resolve_source
+
+    try:
+        resolve_source(args.model_path, args.load_format, args.revision)
+    except ModelSourceError as exc:
+        fail(str(exc))
