@@ -32,6 +32,7 @@ def _host(with_gguf: bool) -> PluginHost:
     host.add_module(infer_cpu)
     host.add_module(registry)
     host.registries.linear.pop("gguf", None)  # the CPU plugin's own method is not under test
+    host.registries.linear.pop("torchao:int8wo", None)  # likewise (--torchao-config int8wo)
     if with_gguf:
         host.add_module(_GGUFPlugin())
     return host

@@ -18,6 +18,7 @@ from infer.core.model.loader.dtype import resolve_dtype
 from infer.core.model.loader.source import ModelSource, ModelSourceError, resolve_source
 from infer.core.model.registry import UnknownArchitectureError, resolve_model_class
 from infer.core.ops.attention import AttentionConfig
+from infer.core.plugins import Registries
 from torch import nn
 
 MODEL_IMPLS = ("auto", "infer", "sglang", "transformers")
@@ -90,7 +91,7 @@ def load_model(model_path: str, *, platform: Any = None, host: Any = None, dtype
                moe_runner_backend: str | None = "auto", page_size: int = 1,
                max_batch_size: int = 256, dtype_explicit: bool = False,
                skip_tokenizer_init: bool = False, progress: bool = True,
-               seed: int = 0) -> LoadedModel:
+               seed: int = 0, torchao_config: str = "") -> LoadedModel:
     """Build the model for ``model_path`` on the active platform. Settings carry the SGLang
     server-argument meanings; errors name the bad value and what to use instead."""
     if host is None:
@@ -105,7 +106,18 @@ def load_model(model_path: str, *, platform: Any = None, host: Any = None, dtype
                                   "its own model implementations (use auto)")
     source = resolve_source(model_path, load_format, revision)
     is_gguf = source.load_format == "gguf"
-    if quantization is not None and not (quantization == "gguf" and is_gguf):
+    if torchao_config:
+        # weight-only schemes of SGLang's --torchao-config, served by the platform's linear
+        # method registered under "torchao:<value>" (no torchao import)
+        if quantization is not None:
+            raise ValueError("--torchao-config and --quantization cannot be combined")
+        quantization = f"torchao:{torchao_config}"
+        offered = [str(k)[len("torchao:"):] for k in Registries.names_for(host.registries.linear, platform.name)
+                   if str(k).startswith("torchao:")]
+        if torchao_config not in offered:
+            raise NotImplementedError(f"--torchao-config {torchao_config} is not implemented on "
+                                      f"{platform.name} (available: {', '.join(offered) or 'none'})")
+    elif quantization is not None and not (quantization == "gguf" and is_gguf):
         # "gguf" serves a GGUF file's quantized blocks (the platform's "gguf" linear method)
         raise NotImplementedError(f"--quantization {quantization} is not implemented for "
                                   f"checkpoint loading; --quantization gguf needs a GGUF file")
@@ -200,4 +212,5 @@ def load_model_from_args(args: Any, *, platform: Any = None, host: Any = None) -
         moe_runner_backend=getattr(args, "moe_runner_backend", "auto"),
         page_size=getattr(args, "page_size", None) or 1,
         max_batch_size=getattr(args, "max_running_requests", None) or 256,
-        dtype_explicit=explicit, skip_tokenizer_init=getattr(args, "skip_tokenizer_init", False))
+        dtype_explicit=explicit, skip_tokenizer_init=getattr(args, "skip_tokenizer_init", False),
+        torchao_config=getattr(args, "torchao_config", "") or "")

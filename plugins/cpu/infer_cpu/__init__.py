@@ -51,6 +51,12 @@ def _gguf_linear(config: Any) -> Any:
     return GGUFLinearMethod(config)
 
 
+def _int8_weight_only_linear(config: Any) -> Any:
+    from infer_cpu.quant.methods import Int8WeightOnlyLinearMethod
+
+    return Int8WeightOnlyLinearMethod(config)
+
+
 def _torch_moe() -> Any:
     from infer_cpu.ops.moe import TorchMoERunner
 
@@ -72,6 +78,7 @@ def register_attention_backends(register: Any) -> None:
 def register_linear_methods(register: Any) -> None:
     register(None, _dense_linear, "cpu")
     register("gguf", _gguf_linear, "cpu")  # GGUF Q4_0/Q4_1/Q8_0 blocks on int4/int8 kernels
+    register("torchao:int8wo", _int8_weight_only_linear, "cpu")  # --torchao-config int8wo
 
 
 @hookimpl
