@@ -89,7 +89,9 @@ def test_sigterm_drains_running_requests(guarded):
 
     async def run():
         async with httpx.AsyncClient(base_url=guarded.url, headers=AUTH, timeout=120) as c:
-            body = {"prompt": "drain", "max_tokens": 80, "ignore_eos": True, "stream": True}
+            # long enough that it is still running when the late request arrives, even on an
+            # idle machine (the tiny model decodes a token in a few ms)
+            body = {"prompt": "drain", "max_tokens": 400, "ignore_eos": True, "stream": True}
             reasons = []
             async with c.stream("POST", "/v1/completions", json=body) as r:
                 async for line in r.aiter_lines():
@@ -97,7 +99,10 @@ def test_sigterm_drains_running_requests(guarded):
                         continue
                     if not got:
                         guarded.proc.send_signal(signal.SIGTERM)
-                        await asyncio.sleep(0.3)
+                        for _ in range(200):  # until the signal handler has switched to draining
+                            if (await c.get("/health")).status_code == 503:
+                                break
+                            await asyncio.sleep(0.01)
                         late = await c.post("/v1/completions", json={"prompt": "late", "max_tokens": 2})
                         got["late"] = late.status_code, late.json()
                     ch = json.loads(line[5:])["choices"][0]
@@ -120,8 +125,12 @@ def test_dead_engine_gives_503_and_exit_code(start_server):
     async def run():
         async with httpx.AsyncClient(base_url=srv.url, timeout=60) as c:
             task = asyncio.create_task(c.post("/v1/completions", json={
-                "prompt": "x", "max_tokens": 400, "ignore_eos": True}))
-            await asyncio.sleep(1.0)
+                "prompt": "x", "max_tokens": 480, "ignore_eos": True}))
+            for _ in range(500):  # kill the engine as soon as the request is running in it
+                info = (await c.get("/get_server_info")).json()
+                if info.get("in_flight_requests", 0) >= 1:
+                    break
+                await asyncio.sleep(0.005)
             import os
 
             os.kill(engine, signal.SIGKILL)
