@@ -1,21 +1,14 @@
-"""NCCL collectives through torch.distributed. The engine initialises the process group (backend
-``platform.dist_backend`` = "nccl") when the tensor-parallel size is above 1; with one rank every
-collective is the identity and no group is needed."""
+"""NCCL collectives through torch.distributed: the core's process-group communicator with
+NCCL's single-tensor all-gather (one output buffer instead of world_size separate ones)."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from infer.core.ops.comm import Communicator
+from infer.core.ops.comm import ProcessGroupCommunicator
 
 
-class NcclCommunicator(Communicator):
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        if self.world_size == 1:
-            return x
-        dist.all_reduce(x)
-        return x
-
+class NcclCommunicator(ProcessGroupCommunicator):
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         if self.world_size == 1:
             return x
