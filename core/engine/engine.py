@@ -184,32 +184,23 @@ class Engine:
         groups, batched = self._submit(prompt, sampling_params, input_ids, return_logprob,
                                        logprob_start_len, top_logprobs_num, rid, priority)
         if stream:
-            if batched or len(groups[0]) != 1:
-                raise ValueError("stream: streaming takes one prompt with n = 1")
-            return self._stream(groups[0][0], bool(return_logprob))
+            return self._stream(self._stream_rid(groups, batched), bool(return_logprob))
         rids = [r for g in groups for r in g]
-        while not all(self._tracks[r].finished for r in rids):
+        while not self._finished(rids):
             self._pump()
-            for r in rids:
-                for o in self._drain(r):
-                    self._tracks[r].feed(o)
-        results = [self._result(r, bool(return_logprob)) for r in rids]
-        return results if batched or len(results) > 1 else results[0]
+            self._feed(rids)
+        return self._results(rids, batched, bool(return_logprob))
 
     def _stream(self, rid: str, logprob: bool) -> Iterator[dict[str, Any]]:
         try:
             while True:
                 self._pump()
-                for o in self._drain(rid):
-                    tr = self._tracks[rid]
-                    yield self._chunk(tr, o, logprob)
-                    if o.finished:
-                        return
+                chunks, done = self._stream_chunks(rid, logprob)
+                yield from chunks
+                if done:
+                    return
         finally:
-            if rid in self._tracks:
-                if not self._tracks[rid].finished:
-                    self.abort(rid)
-                self._tracks.pop(rid, None)
+            self._close_stream(rid)
 
     async def async_generate(self, prompt: Any = None, sampling_params: Any = None,
                              input_ids: Any = None, return_logprob: Any = False,
@@ -218,32 +209,59 @@ class Engine:
         groups, batched = self._submit(prompt, sampling_params, input_ids, return_logprob,
                                        logprob_start_len, top_logprobs_num, rid, priority)
         if stream:
-            if batched or len(groups[0]) != 1:
-                raise ValueError("stream: streaming takes one prompt with n = 1")
-            return self._astream(groups[0][0], bool(return_logprob))
+            return self._astream(self._stream_rid(groups, batched), bool(return_logprob))
         rids = [r for g in groups for r in g]
-        while not all(self._tracks[r].finished for r in rids):
+        while not self._finished(rids):
             await asyncio.to_thread(self._pump)
-            for r in rids:
-                for o in self._drain(r):
-                    self._tracks[r].feed(o)
-        results = [self._result(r, bool(return_logprob)) for r in rids]
-        return results if batched or len(results) > 1 else results[0]
+            self._feed(rids)
+        return self._results(rids, batched, bool(return_logprob))
 
     async def _astream(self, rid: str, logprob: bool) -> AsyncIterator[dict[str, Any]]:
         try:
             while True:
                 await asyncio.to_thread(self._pump)
-                for o in self._drain(rid):
-                    tr = self._tracks[rid]
-                    yield self._chunk(tr, o, logprob)
-                    if o.finished:
-                        return
+                chunks, done = self._stream_chunks(rid, logprob)
+                for chunk in chunks:
+                    yield chunk
+                if done:
+                    return
         finally:
-            if rid in self._tracks:
-                if not self._tracks[rid].finished:
-                    self.abort(rid)
-                self._tracks.pop(rid, None)
+            self._close_stream(rid)
+
+    # -- shared by the sync and async paths (they differ only in how they wait for a step) ---------
+    @staticmethod
+    def _stream_rid(groups: list[list[str]], batched: bool) -> str:
+        if batched or len(groups[0]) != 1:
+            raise ValueError("stream: streaming takes one prompt with n = 1")
+        return groups[0][0]
+
+    def _finished(self, rids: list[str]) -> bool:
+        return all(self._tracks[r].finished for r in rids)
+
+    def _feed(self, rids: list[str]) -> None:
+        for r in rids:
+            for o in self._drain(r):
+                self._tracks[r].feed(o)
+
+    def _results(self, rids: list[str], batched: bool, logprob: bool) -> Any:
+        results = [self._result(r, logprob) for r in rids]
+        return results if batched or len(results) > 1 else results[0]
+
+    def _stream_chunks(self, rid: str, logprob: bool) -> tuple[list[dict[str, Any]], bool]:
+        """The chunks of the outputs that arrived for ``rid``, and whether it has finished."""
+        chunks = []
+        for o in self._drain(rid):
+            chunks.append(self._chunk(self._tracks[rid], o, logprob))
+            if o.finished:
+                return chunks, True
+        return chunks, False
+
+    def _close_stream(self, rid: str) -> None:
+        """A stream ended (finished, or its consumer stopped early): abort what still runs."""
+        if rid in self._tracks:
+            if not self._tracks[rid].finished:
+                self.abort(rid)
+            self._tracks.pop(rid, None)
 
     def _chunk(self, tr: _Track, o: RequestOutput, logprob: bool) -> dict[str, Any]:
         delta, new = tr.feed(o)
