@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from infer_cuda.kernels.common import dot_precision, dot_upcast
+from infer_cuda.kernels.paged_kv import load_kv_tile
 
 LOG2E = 1.4426950408889634
 
@@ -62,19 +63,9 @@ def _extend_kernel(
     for n0 in range(0, kv_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < kv_end
-        page = tl.load(BlockTables + b * stride_bt + offs_n // PAGE_SIZE, mask=mask_n, other=0)
-        slot = page.to(tl.int64) * PAGE_SIZE + offs_n % PAGE_SIZE
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(K + slot[:, None] * stride_kslot + kvh * stride_kh + offs_d[None, :],
-                    mask=kv_mask, other=0.0)  # [N, D]
-        v = tl.load(V + slot[:, None] * stride_vslot + kvh * stride_vh + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
-        if KV_SCALED:
-            k = (k.to(tl.float32) * k_scale).to(q.dtype)
-            v = (v.to(tl.float32) * v_scale).to(q.dtype)
-        if DOT_F32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k, v = load_kv_tile(K, V, BlockTables, b, stride_bt, kvh, offs_n, mask_n, offs_d, mask_d,
+                            stride_kslot, stride_kh, stride_vslot, stride_vh, k_scale, v_scale, q,
+                            PAGE_SIZE, KV_SCALED, DOT_F32)  # [N, D] each
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * sm_scale_log2  # [M, N]
         visible = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
         qk = tl.where(visible, qk, float("-inf"))
