@@ -85,6 +85,16 @@ def register_graph_runners(register):  # noqa: ANN001, ANN201
 
 
 @hookspec
+def register_layer_ops(register):  # noqa: ANN001, ANN201
+    """Contribute fused per-layer ops (RMSNorm with residual add, rotary, SiLU gate).
+
+    ``register(name, fn, platforms)``: ``name`` is one of ``infer.core.ops.layer_ops.OPS``, ``fn``
+    has the reference's signature and may return ``None`` for inputs it does not handle (the
+    reference then runs). Optional: a platform without contributions uses the torch references.
+    """
+
+
+@hookspec
 def register_models(register):  # noqa: ANN001, ANN201
     """Contribute model architectures.
 

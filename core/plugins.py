@@ -63,6 +63,7 @@ class Registries:
     moe: dict[str, list[Contribution]] = field(default_factory=dict)
     communicators: dict[str, list[Contribution]] = field(default_factory=dict)
     graph_runners: dict[str, list[Contribution]] = field(default_factory=dict)
+    layer_ops: dict[str, list[Contribution]] = field(default_factory=dict)
     models: dict[str, Any] = field(default_factory=dict)
 
     @staticmethod
@@ -163,6 +164,7 @@ class PluginHost:
             "register_moe_runners": add(reg.moe),
             "register_communicators": add(reg.communicators),
             "register_graph_runners": add(reg.graph_runners),
+            "register_layer_ops": add(reg.layer_ops),
             "register_models": add_model,
         }
         for hook_name, register in hooks.items():

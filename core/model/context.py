@@ -14,6 +14,8 @@ Built from keyword settings (or a ServerArgs with the same field names) plus the
   unquantized method (router gates, LM head).
 - ``moe_runner``: ``host.registries.moe[moe_runner_backend]`` (default ``"auto"``).
 - ``comm``: the communicator for ``platform.dist_backend`` (world size ``tp_size``).
+- ``ops``: per-layer ops (``infer.core.ops.layer_ops``): the platform's fused kernels where a
+  plugin registers them through ``register_layer_ops``, else the torch references.
 
 An unknown or unavailable name raises ``ModelContextError`` listing what this platform offers.
 """
@@ -26,6 +28,7 @@ from typing import Any
 import torch
 from infer.core.ops.attention import AttentionBackend, AttentionConfig
 from infer.core.ops.comm import Communicator
+from infer.core.ops.layer_ops import REFERENCE_OPS, LayerOps
 from infer.core.ops.linear import LinearConfig, LinearMethod
 from infer.core.ops.moe import MoERunner
 from infer.core.platform import Platform
@@ -64,6 +67,7 @@ class ModelContext:
     tp_rank: int = 0
     context_length: int | None = None  # longest sequence; sizes the rotary table
     attn_backend: AttentionBackend | None = field(default=None)
+    ops: LayerOps = REFERENCE_OPS  # RMSNorm / rotary / SiLU gate (platform kernels or torch)
 
     @classmethod
     def build(cls, *, platform: Platform, host: PluginHost, dtype: torch.dtype,
@@ -93,7 +97,8 @@ class ModelContext:
                    attention_backend_name=attn_name, attention_factory=attn_factory,
                    quantization=quant_key, linear_method=linear, dense_linear_method=dense,
                    moe_runner_name=moe_name, moe_runner=moe, comm=comm,
-                   tp_size=tp_size, tp_rank=tp_rank)
+                   tp_size=tp_size, tp_rank=tp_rank,
+                   ops=LayerOps.resolve(reg.layer_ops, platform.name))
 
     @classmethod
     def from_server_args(cls, args: Any, *, platform: Platform, host: PluginHost,

@@ -34,8 +34,8 @@ class DecoderAttention(nn.Module):
         self.rotary = rotary
         self.q_norm = self.k_norm = None
         if qk_norm_eps is not None:
-            self.q_norm = RMSNorm(head_dim, qk_norm_eps, ctx.dtype)
-            self.k_norm = RMSNorm(head_dim, qk_norm_eps, ctx.dtype)
+            self.q_norm = RMSNorm(head_dim, qk_norm_eps, ctx.dtype, ctx.ops)
+            self.k_norm = RMSNorm(head_dim, qk_norm_eps, ctx.dtype, ctx.ops)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, fwd: ForwardBatch) -> torch.Tensor:
         t = x.shape[0]

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from infer.core.model.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from torch import nn
 
@@ -17,7 +16,8 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = MergedColumnParallelLinear(
             hidden_size, [intermediate_size, intermediate_size], bias=bias, ctx=ctx)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias, ctx=ctx)
+        self._silu_and_mul = ctx.ops.silu_and_mul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, I] each
-        return self.down_proj(F.silu(gate) * up)  # [T, hidden]
+        gate_up = self.gate_up_proj(x)  # [T, 2I]
+        return self.down_proj(self._silu_and_mul(gate_up))  # [T, hidden]

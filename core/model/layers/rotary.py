@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 import torch
+from infer.core.ops.layer_ops import REFERENCE_OPS, LayerOps
 from torch import nn
 
 
@@ -96,25 +97,15 @@ def rope_table(rotary_dim: int, max_positions: int, params: dict[str, Any]) -> t
 
 class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_positions: int, params: dict[str, Any],
-                 rotary_dim: int | None = None) -> None:
+                 rotary_dim: int | None = None, ops: LayerOps | None = None) -> None:
         super().__init__()
         self.head_dim = head_dim
         self.rotary_dim = rotary_dim or head_dim
         self.register_buffer("cos_sin", rope_table(self.rotary_dim, max_positions, params),
                              persistent=False)  # [P, rotary_dim] float32
+        self._op = (ops or REFERENCE_OPS).rotary
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor,
                 k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T], q [T, H, D], k [T, Hkv, D] -> rotated q, k (same shapes and dtype)."""
-        cos, sin = self.cos_sin.index_select(0, positions).chunk(2, dim=-1)  # [T, r/2] each
-        cos = torch.cat([cos, cos], dim=-1)[:, None, :]  # [T, 1, r]
-        sin = torch.cat([sin, sin], dim=-1)[:, None, :]
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        r = self.rotary_dim
-        rot, rest = x[..., :r], x[..., r:]
-        x1, x2 = rot.chunk(2, dim=-1)
-        half = torch.cat([-x2, x1], dim=-1)
-        out = rot * cos.to(x.dtype) + half * sin.to(x.dtype)
-        return out if rest.numel() == 0 else torch.cat([out, rest], dim=-1)
+        return self._op(positions, q, k, self.cos_sin, self.rotary_dim)

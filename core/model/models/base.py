@@ -44,12 +44,12 @@ class DecoderOnlyLM(nn.Module):
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or self.hidden_size // self.num_heads
         max_pos = max(config_context_length(config), getattr(ctx, "context_length", None) or 0)
-        self.rotary = RotaryEmbedding(self.head_dim, max_pos, rope_parameters(config))
+        self.rotary = RotaryEmbedding(self.head_dim, max_pos, rope_parameters(config), ops=ctx.ops)
         self.model = nn.Module()
         self.model.embed_tokens = VocabEmbedding(config.vocab_size, self.hidden_size, ctx)
         self.model.layers = nn.ModuleList(
             [self.make_layer(config, ctx, i) for i in range(config.num_hidden_layers)])
-        self.model.norm = RMSNorm(self.hidden_size, config.rms_norm_eps, ctx.dtype)
+        self.model.norm = RMSNorm(self.hidden_size, config.rms_norm_eps, ctx.dtype, ctx.ops)
         tied = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = LMHead(config.vocab_size, self.hidden_size, ctx,
                               tie_to=self.model.embed_tokens if tied else None)

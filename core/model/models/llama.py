@@ -16,21 +16,23 @@ from infer.core.model.layers.attention import DecoderAttention
 from infer.core.model.layers.mlp import GatedMLP
 from infer.core.model.layers.norm import RMSNorm
 from infer.core.model.models.base import DecoderOnlyLM
+from infer.core.ops.layer_ops import LayerOps
 from torch import nn
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, attn: DecoderAttention, mlp: nn.Module, hidden_size: int, eps: float,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, ops: LayerOps | None = None) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(hidden_size, eps, dtype)
+        self.input_layernorm = RMSNorm(hidden_size, eps, dtype, ops)
         self.self_attn = attn
-        self.post_attention_layernorm = RMSNorm(hidden_size, eps, dtype)
+        self.post_attention_layernorm = RMSNorm(hidden_size, eps, dtype, ops)
         self.mlp = mlp
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, fwd: ForwardBatch) -> torch.Tensor:
-        h = h + self.self_attn(positions, self.input_layernorm(h), fwd)  # [T, hidden]
-        return h + self.mlp(self.post_attention_layernorm(h))
+        a = self.self_attn(positions, self.input_layernorm(h), fwd)  # [T, hidden]
+        x, h = self.post_attention_layernorm(a, h)  # h <- h + a; x = norm(h)
+        return h + self.mlp(x)
 
 
 class LlamaForCausalLM(DecoderOnlyLM):
@@ -51,7 +53,7 @@ class LlamaForCausalLM(DecoderOnlyLM):
     def make_layer(self, config: Any, ctx: Any, layer_id: int) -> nn.Module:
         return DecoderLayer(self.make_attention(config, ctx, layer_id),
                             self.make_mlp(config, ctx, layer_id), self.hidden_size,
-                            config.rms_norm_eps, ctx.dtype)
+                            config.rms_norm_eps, ctx.dtype, ctx.ops)
 
 
 class MistralForCausalLM(LlamaForCausalLM):

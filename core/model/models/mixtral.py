@@ -18,8 +18,8 @@ class MixtralDecoderLayer(DecoderLayer):
     """The MoE block lives under ``block_sparse_moe`` (the checkpoint's name), not ``mlp``."""
 
     def __init__(self, attn: nn.Module, moe: SparseMoE, hidden_size: int, eps: float,
-                 dtype: Any) -> None:
-        super().__init__(attn, moe, hidden_size, eps, dtype)
+                 dtype: Any, ops: Any = None) -> None:
+        super().__init__(attn, moe, hidden_size, eps, dtype, ops)
         del self.mlp
         self.block_sparse_moe = moe
 
@@ -28,8 +28,9 @@ class MixtralDecoderLayer(DecoderLayer):
         return self.block_sparse_moe
 
     def forward(self, positions: Any, h: Any, fwd: Any) -> Any:
-        h = h + self.self_attn(positions, self.input_layernorm(h), fwd)  # [T, hidden]
-        return h + self.block_sparse_moe(self.post_attention_layernorm(h))
+        a = self.self_attn(positions, self.input_layernorm(h), fwd)  # [T, hidden]
+        x, h = self.post_attention_layernorm(a, h)
+        return h + self.block_sparse_moe(x)
 
 
 class MixtralForCausalLM(LlamaForCausalLM):
@@ -37,4 +38,4 @@ class MixtralForCausalLM(LlamaForCausalLM):
         moe = SparseMoE(self.hidden_size, config.intermediate_size, config.num_local_experts,
                         config.num_experts_per_tok, renormalize=True, ctx=ctx)
         return MixtralDecoderLayer(self.make_attention(config, ctx, layer_id), moe,
-                                   self.hidden_size, config.rms_norm_eps, ctx.dtype)
+                                   self.hidden_size, config.rms_norm_eps, ctx.dtype, ctx.ops)

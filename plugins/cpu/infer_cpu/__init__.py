@@ -84,6 +84,12 @@ def register_linear_methods(register: Any) -> None:
 
 
 @hookimpl
+def register_layer_ops(register: Any) -> None:
+    for name in ("rms_norm", "rotary", "silu_and_mul"):  # native kernels, torch for the rest
+        register(name, f"infer_cpu.ops.layer_ops:{name}", "cpu")
+
+
+@hookimpl
 def register_moe_runners(register: Any) -> None:
     register("torch", _torch_moe, "cpu")
     register("auto", _torch_moe, "cpu")

@@ -1,5 +1,6 @@
-"""The default model's fast path (GGUF Q4_1 blocks on int4 kernels, int8 LM head) against the
-exact float32 path on the same file: same greedy continuations for the first tokens."""
+"""The default model's fast path (GGUF Q4_1 blocks on the native Q4 x Q8 kernels, Q8 LM head;
+torch's int4 kernels when the native ones are off) against the exact float32 path on the same
+file: same greedy continuations for the first tokens."""
 
 from __future__ import annotations
 
@@ -23,17 +24,23 @@ def _greedy(core, prompts, n):
     return [outs[f"r{i}"] for i in range(len(prompts))]
 
 
-def test_default_gguf_takes_int4_path_and_agrees_with_float32():
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch-int4"])
+def test_default_gguf_takes_fast_path_and_agrees_with_float32(native, monkeypatch):
     from infer.core.config import ServerArgs
     from infer.core.engine.engine_core import EngineCore
     from infer.core.model.loader.default_model import ensure_default_model
+    from infer_cpu import kernels
 
+    if native and kernels.load() is None:
+        pytest.skip(f"native kernels unavailable: {kernels.status().detail}")
+    if not native:
+        monkeypatch.setattr(kernels, "_state", {"lib": None, "detail": "off for this test"})
     path = str(ensure_default_model(quiet=True))
     fast = EngineCore(ServerArgs(model_path=path))
     assert fast.loaded.ctx.quantization == "gguf"
     kinds = collections.Counter(getattr(m, "quant_kind", None)
                                 for m in fast.loaded.model.modules() if hasattr(m, "method"))
-    assert kinds == {"int4": 120}
+    assert kinds == {("native" if native else "int4"): 120}
     assert fast.loaded.model.lm_head.quant_apply is not None
     tok = fast.tokenizer
     prompts = [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True,

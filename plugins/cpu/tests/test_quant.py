@@ -97,14 +97,18 @@ def test_gguf_method_matches_dequantised_matmul(qtype, tol, bias):
     assert _rel(y, ref) < tol
 
 
-def test_gguf_method_keeps_caller_dtype_float32():
-    layer = _Layer(_weights(32, 64), Q.Q4_1)
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0])
+def test_gguf_method_float32(qtype, kernel_mode):
+    """A float32 model: native block kernels (or torch's int4/int8 without them), float32 out."""
+    layer = _Layer(_weights(32, 64), qtype)
     method = GGUFLinearMethod(LinearConfig("gguf", torch.float32, torch.device("cpu")))
     method.process_weights_after_loading(layer)
+    expect = "native" if kernel_mode == "native" else ("int8" if qtype == Q.Q8_0 else "int4")
+    assert layer.quant_kind == expect
     x = torch.randn(4, 64)
     y = method.apply(layer, x)
     assert y.dtype == torch.float32
-    assert _rel(y, x @ layer.reference.t()) < 1e-2
+    assert _rel(y, x @ layer.reference.t()) < 2e-2
 
 
 def test_int8_weight_only_method_against_bf16():
@@ -124,7 +128,8 @@ def test_quantize_int4_roundtrip_error_bounded():
     assert ((codes.dequantize() - w).abs() <= step / 2 + 1e-6).all()
 
 
-def test_gguf_method_lm_head_int8():
+def test_gguf_method_lm_head_quantized(kernel_mode):
+    """Native: Q8 blocks of 32 against float32 activations; torch: per-row int8."""
     from infer.core.model.layers.embedding import LMHead
 
     class _Ctx:
@@ -136,19 +141,25 @@ def test_gguf_method_lm_head_int8():
     ref = head(x)
     GGUFLinearMethod(LinearConfig("gguf", torch.float32, torch.device("cpu"))).process_lm_head(head)
     y = head(x)
-    assert y.dtype == torch.float32 and head.int8_q.dtype == torch.int8
+    assert y.dtype == torch.float32
+    if kernel_mode == "native":
+        assert head.qweight.kind == 8 and head.qweight.codes.dtype == torch.int8
+        assert _rel(y, F.linear(x, head.qweight.dequantize())) < 1e-5  # only weight quantization
+    else:
+        assert head.int8_q.dtype == torch.int8
     assert _rel(y, ref) < 1e-2
     assert (y.argmax(-1) == ref.argmax(-1)).float().mean() >= 2 / 3
 
 
-def test_gguf_method_large_m_uses_dequantised_float32_weight():
+def test_gguf_method_large_m_uses_dequantised_float32_weight(kernel_mode):
     from infer_cpu.quant.methods import LARGE_M
 
     layer = _Layer(_weights(32, 64), Q.Q4_1)
     layer.weight.data = layer.reference.clone()  # a float32 model holds the dequantised weight
     method = GGUFLinearMethod(LinearConfig("gguf", torch.float32, torch.device("cpu")))
     method.process_weights_after_loading(layer)
-    assert layer.quant_kind == "int4" and layer.weight is not None
+    assert layer.quant_kind == ("native" if kernel_mode == "native" else "int4")
+    assert layer.weight is not None
     big = torch.randn(LARGE_M, 64)
     torch.testing.assert_close(method.apply(layer, big), big @ layer.reference.t())
     small = torch.randn(2, 64)

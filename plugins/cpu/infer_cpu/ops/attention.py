@@ -1,6 +1,8 @@
 """``torch_native`` attention: torch SDPA over the paged KV cache, one sequence at a time.
 
-Mixed batches run one sequence at a time; decode-only batches run as one padded SDPA call over
+Decode-only batches over a float32 cache run the native paged-decode kernel
+(``infer_cpu.kernels``: one call writes the new k/v and attends every sequence over its own pages,
+no gather). Otherwise: mixed batches run one sequence at a time; decode-only batches run as one padded SDPA call over
 ``[B, max_pages * page_size]`` keys with a length mask. Each sequence gathers only its own pages (``block_tables[i, :ceil(seq_len / page_size)]``), so a
 step costs O(sum of sequence lengths), never a copy of the whole cache. Any mix of prefill,
 chunked-extend and decode rows is handled: the queries of sequence i sit at absolute positions
@@ -14,6 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from infer.core.ops.attention import AttentionBackend, AttentionMetadata, write_kv
+
+from infer_cpu import kernels
 
 
 @dataclass
@@ -33,6 +37,13 @@ class TorchNativeAttention(AttentionBackend):
     def plan(self, meta: AttentionMetadata) -> None:
         """Per-sequence row ranges, page lists and masks, shared by every layer of the step."""
         super().plan(meta)
+        self._native_decode = (meta.is_decode_only and self.config.kv_dtype == torch.float32
+                               and kernels.load() is not None)
+        self._plans = None
+        if not self._native_decode:
+            self._make_plans(meta)
+
+    def _make_plans(self, meta: AttentionMetadata) -> None:
         page = meta.page_size
         plans: list[_SeqPlan] = []
         start = 0
@@ -61,6 +72,14 @@ class TorchNativeAttention(AttentionBackend):
         """q [T, H, D], k/v [T, Hkv, D], caches [P, page, Hkv, D] -> [T, H, D]."""
         meta = self.meta
         assert meta is not None, "plan() must run before forward()"
+        if self._native_decode:
+            out = kernels.paged_decode(q, k, v, k_cache, v_cache, meta.slot_mapping,
+                                       meta.block_tables, meta.seq_lens, meta.page_size,
+                                       self.config.scale)
+            if out is not None:
+                return out
+            self._native_decode = False  # inputs the kernel does not take: torch for this step
+            self._make_plans(meta)
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         hkv, d = k_cache.shape[-2], k_cache.shape[-1]
         if self._decode_mask is not None:

@@ -1,8 +1,12 @@
 """Quantized CPU linear methods.
 
-- ``GGUFLinearMethod`` (quantization key ``"gguf"``): serves a GGUF file's Q4_0 / Q4_1 blocks as
-  int4 group-32 weights (exact) and Q8_0 blocks as per-row int8 (requantized); any other block type,
-  and unquantized tensors, stay dense in the model dtype. The LM head runs as per-row int8.
+- ``GGUFLinearMethod`` (quantization key ``"gguf"``): serves a GGUF file's Q4_0 / Q4_1 / Q8_0
+  blocks directly. With the native kernels (``infer_cpu.kernels``, float32 models) the blocks are
+  kept as they are (scales widened to float32) and each product is a Q4 x Q8 / Q8 x Q8 integer dot
+  product over activations quantized per 32-block, as llama.cpp does; the LM head runs on Q8
+  blocks of 32 against float32 activations (int8 activations there changed greedy answers). Without them (no C compiler, or a bf16/fp16 model) Q4 blocks become torch's int4
+  group-32 weights (exact) and Q8_0 per-row int8 (requantized), LM head per-row int8. Other block
+  types, and unquantized tensors, stay dense in the model dtype.
 - ``Int8WeightOnlyLinearMethod``: per-row symmetric int8 weights, activations unquantized.
 
 Both keep the activations in ``compute_dtype`` (bf16: the fast path of torch's CPU kernels) and
@@ -16,16 +20,19 @@ import torch.nn.functional as F
 from infer.core.ops.linear import LinearConfig, LinearMethod
 from torch import nn
 
+from infer_cpu import kernels
 from infer_cpu.quant.packing import (
     INT4_TYPES,
     INT8_TYPES,
     PackedInt4,
     gguf_int4_codes,
     gguf_q8_0_values,
+    gguf_qweight,
     int4_matmul,
     int8_matmul,
     pack_int4,
     quantize_int8_rows,
+    quantize_q8_blocks,
 )
 
 COMPUTE_DTYPE = torch.bfloat16
@@ -62,7 +69,10 @@ class GGUFLinearMethod(LinearMethod):
         layer.quant_kind = "dense"
         if qtype is not None and raw is not None:
             rows = layer.weight.shape[0]
-            if qtype in INT4_TYPES:
+            if qtype in INT4_TYPES | INT8_TYPES and self._native():
+                layer.qweight = gguf_qweight(raw, qtype, rows)
+                layer.quant_kind = "native"
+            elif qtype in INT4_TYPES:
                 layer.int4 = pack_int4(gguf_int4_codes(raw, qtype, rows), COMPUTE_DTYPE)
                 layer.quant_kind = "int4"
             elif qtype in INT8_TYPES:
@@ -76,6 +86,18 @@ class GGUFLinearMethod(LinearMethod):
     def process_lm_head(self, lm_head: nn.Module) -> None:
         """The LM head (often tied to the embedding, whose dense weight stays for lookups) runs
         as per-row int8: a quarter of the float32 bytes read per decode step."""
+        if self._native():
+            qw = quantize_q8_blocks(lm_head.weight.data)
+            lm_head.qweight = qw
+
+            def native(hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
+                # float activations: logits are too sensitive for int8 activations (the
+                # default model's greedy answers change with them)
+                y = kernels.q8f_gemm(hidden.reshape(-1, hidden.shape[-1]), qw)
+                return y if y is not None else F.linear(hidden, qw.dequantize().to(hidden.dtype))
+
+            lm_head.quant_apply = native
+            return
         q, scale = quantize_int8_rows(lm_head.weight.data)
         scale = scale.to(COMPUTE_DTYPE)
         lm_head.int8_q, lm_head.int8_scale = q, scale
@@ -85,6 +107,10 @@ class GGUFLinearMethod(LinearMethod):
 
         lm_head.quant_apply = apply
 
+    def _native(self) -> bool:
+        """Native block kernels: float32 activations, and the library built on this machine."""
+        return self.config.dtype == torch.float32 and kernels.load() is not None
+
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> [..., out]."""
         kind = layer.quant_kind
@@ -93,6 +119,11 @@ class GGUFLinearMethod(LinearMethod):
         x2, lead = _flat(x)
         if x2.shape[0] >= LARGE_M and layer.weight is not None:  # prefill / large batches
             return F.linear(x, layer.weight, layer.bias)
+        if kind == "native":
+            y = kernels.qgemm(x2, layer.qweight, layer.bias)
+            if y is None:  # an input the kernel does not take (not float32 rows): dequantise
+                return F.linear(x, layer.qweight.dequantize().to(x.dtype), layer.bias)
+            return y.reshape(*lead, y.shape[-1])
         if kind == "int4":
             packed: PackedInt4 = layer.int4
             y = int4_matmul(x2, packed)

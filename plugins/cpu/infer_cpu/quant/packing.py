@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import gguf
 import torch
 
+from infer_cpu.kernels import QWeight
+
 Q = gguf.GGMLQuantizationType
 GROUP = 32  # GGUF block size and our int4 group size
 INT4_TYPES = frozenset({Q.Q4_0, Q.Q4_1})
@@ -128,3 +130,31 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.
     xa = x.to(scale.dtype)
     y = torch.ops.aten._weight_int8pack_mm(xa, q, scale)
     return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
+def gguf_qweight(raw: torch.Tensor, qtype: Q, rows: int) -> QWeight:
+    """Q4_0 / Q4_1 / Q8_0 raw blocks of a [rows, K] weight -> the native kernels' layout (exact:
+    the same codes, float16 scales widened to float32)."""
+    blocks = _blocks(raw, qtype, rows)  # [N, nb, bytes]
+    nb = blocks.shape[1]
+    d = _f16(blocks[..., 0:2])  # [N, nb]
+    if qtype == Q.Q8_0:
+        codes = blocks[..., 2:].contiguous().view(torch.int8).reshape(rows, nb * GROUP)
+        return QWeight(8, codes, d.contiguous(), None, rows, nb * GROUP)
+    if qtype == Q.Q4_0:
+        codes, m = blocks[..., 2:], -8 * d
+    elif qtype == Q.Q4_1:
+        codes, m = blocks[..., 4:], _f16(blocks[..., 2:4])
+    else:
+        raise ValueError(f"no native kernel for GGUF block type {qtype!r}")
+    return QWeight(4, codes.contiguous().reshape(rows, nb * 16), d.contiguous(), m.contiguous(),
+                   rows, nb * GROUP)
+
+
+def quantize_q8_blocks(w: torch.Tensor) -> QWeight:
+    """Dense [N, K] -> symmetric int8 with one scale per 32 weights (GGUF Q8_0's scheme)."""
+    n, k = w.shape
+    wg = w.float().reshape(n, k // GROUP, GROUP)
+    d = (wg.abs().amax(-1) / 127).clamp(min=1e-10)  # [N, nb]
+    q = (wg / d[..., None]).round().clamp(-127, 127).to(torch.int8)
+    return QWeight(8, q.reshape(n, k).contiguous(), d.contiguous(), None, n, k)

@@ -1,0 +1,279 @@
+"""Native CPU kernels (``infer_cpu_kernels.c``), compiled on first use and called via ctypes.
+
+The C file is compiled for the machine that runs it (``-O3 -march=native -fopenmp``) into
+``$INFER_CACHE_DIR/kernels/<hash>/`` (default ``~/.cache/infer``), keyed by the source, the
+compiler flags and the CPU, then loaded with ctypes. Compiling takes about a second; later starts
+reuse the library. Without a C compiler (or with ``INFER_CPU_KERNELS=0``) ``load()`` returns None
+and the plugin uses the plain-torch ops; ``status()`` says which and why (``infer doctor``).
+
+The wrappers below take torch tensors, check what the kernels assume (float32, strides) and
+return None when a call does not fit, so callers fall back to torch: a kernel never sees an
+input it was not written for.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("infer_cpu_kernels.c")
+FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-march=native"], ["-O3"])
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int
+_L = ctypes.c_int64
+_F = ctypes.c_float
+_SIGNATURES = {
+    "infer_set_threads": [_I],
+    "infer_kernels_isa": [],
+    "infer_qgemm": [_I, _P, _L, _I, _I, _I, _P, _P, _P, _P, _I, _P, _L],
+    "infer_q8f_gemm": [_P, _L, _I, _I, _P, _P, _I, _P, _L],
+    "infer_rms_norm": [_P, _L, _P, _L, _P, _P, _P, _I, _I, _F],
+    "infer_rope": [_P, _P, _L, _I, _P, _L, _I, _I, _I, _I, _P],
+    "infer_silu_mul": [_P, _L, _P, _I, _I],
+    "infer_paged_decode": [_P, _L, _P, _L, _P, _L, _P, _P, _P, _P, _L, _P, _P, _I, _I, _I, _I,
+                           _I, _F],
+}
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("INFER_CACHE_DIR") or Path.home() / ".cache" / "infer") / "kernels"
+
+
+def _cpu_id() -> str:
+    """What -march=native depends on: the CPU model and its feature flags."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))][:2]
+        return "\n".join(lines)
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _build(cc: str) -> tuple[Path, list[str]]:
+    src = SOURCE.read_bytes()
+    errors = []
+    for flags in FLAG_SETS:
+        key = hashlib.sha256(src + " ".join([cc, *flags]).encode() + _cpu_id().encode()).hexdigest()[:16]
+        out = _cache_dir() / key / "libinfer_cpu_kernels.so"
+        if out.exists():
+            return out, flags
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+            tmp_out = Path(tmp) / out.name
+            cmd = [cc, *flags, "-shared", "-fPIC", "-o", str(tmp_out), str(SOURCE), "-lm"]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode == 0:
+                os.replace(tmp_out, out)  # atomic: concurrent builders agree on the result
+                return out, flags
+            errors.append(f"{' '.join(cmd)}: {proc.stderr.strip()[-500:]}")
+    raise RuntimeError("; ".join(errors))
+
+
+@dataclass
+class Status:
+    available: bool
+    detail: str  # the library and flags, or why the kernels are not used
+
+
+def load() -> ctypes.CDLL | None:
+    """The compiled library (built on first call), or None with the reason in ``status()``."""
+    with _lock:
+        if "lib" in _state:
+            return _state["lib"]  # type: ignore[return-value]
+        lib, detail = None, ""
+        if os.environ.get("INFER_CPU_KERNELS", "1") in ("0", "false", "off"):
+            detail = "disabled by INFER_CPU_KERNELS=0"
+        elif (cc := _compiler()) is None:
+            detail = "no C compiler (cc/gcc/clang) on PATH; using plain-torch ops"
+        else:
+            try:
+                path, flags = _build(cc)
+                lib = ctypes.CDLL(str(path))
+                for name, argtypes in _SIGNATURES.items():
+                    fn = getattr(lib, name)
+                    fn.argtypes = argtypes
+                    fn.restype = _I if name == "infer_kernels_isa" else None
+                isa = "avx2" if lib.infer_kernels_isa() == 2 else "portable C"
+                detail = f"{path} ({cc} {' '.join(flags)}; {isa})"
+            except (OSError, RuntimeError, AttributeError) as e:
+                lib, detail = None, f"could not build the native kernels: {e}"
+                logger.warning("%s; using plain-torch ops", detail)
+        _state["lib"], _state["detail"] = lib, detail
+        return lib
+
+
+def status() -> Status:
+    lib = load()
+    return Status(lib is not None, str(_state.get("detail", "")))
+
+
+_threads = [0]
+
+
+def _lib() -> ctypes.CDLL | None:
+    """The library with its OpenMP team sized to torch's current thread count."""
+    lib = _state["lib"] if "lib" in _state else load()
+    if lib is not None:
+        n = torch.get_num_threads()
+        if n != _threads[0]:
+            lib.infer_set_threads(n)
+            _threads[0] = n
+    return lib  # type: ignore[return-value]
+
+
+_F32 = torch.float32
+
+
+def _f32_rows(t: torch.Tensor) -> bool:
+    """float32 CPU, 2-D with unit column stride (rows may be strided)."""
+    return t.dtype is _F32 and t.dim() == 2 and t.stride(1) == 1 and not t.is_cuda
+
+
+# -- quantized weights ---------------------------------------------------------------------------
+
+@dataclass
+class QWeight:
+    """Blocks of 32 weights: kind 4 (codes [N, K/2] uint8, d and m [N, K/32]) or 8 (codes [N, K]
+    int8, d [N, K/32]); w = d * q + m (q4) or d * q (q8)."""
+
+    kind: int
+    codes: torch.Tensor
+    d: torch.Tensor
+    m: torch.Tensor | None
+    out_features: int
+    in_features: int
+
+    def dequantize(self) -> torch.Tensor:
+        n, k = self.out_features, self.in_features
+        if self.kind == 4:
+            c = self.codes.reshape(n, k // 32, 16)
+            q = torch.cat([c & 0x0F, c >> 4], dim=-1).float()  # [N, nb, 32]
+            return (q * self.d[..., None] + self.m[..., None]).reshape(n, k)
+        q = self.codes.reshape(n, k // 32, 32).float()
+        return (q * self.d[..., None]).reshape(n, k)
+
+
+def qgemm(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None,
+          silu_mul: bool = False) -> torch.Tensor | None:
+    """x [M, K] float32 (or [M, 2K] with ``silu_mul``) -> [M, N]; None if the kernels are off."""
+    lib = _lib()
+    k = w.in_features
+    if lib is None or not _f32_rows(x) or x.shape[1] != (2 * k if silu_mul else k):
+        return None
+    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+        return None
+    m = x.shape[0]
+    y = torch.empty(m, w.out_features, dtype=torch.float32)
+    lib.infer_qgemm(w.kind, x.data_ptr(), x.stride(0), m, k, int(silu_mul), w.codes.data_ptr(),
+                    w.d.data_ptr(), w.m.data_ptr() if w.m is not None else None,
+                    bias.data_ptr() if bias is not None else None, w.out_features,
+                    y.data_ptr(), y.stride(0))
+    return y
+
+
+def q8f_gemm(x: torch.Tensor, w: QWeight) -> torch.Tensor | None:
+    """x [M, K] float32 -> [M, N] for q8 weights, without quantizing the activations."""
+    lib = _lib()
+    if lib is None or w.kind != 8 or not _f32_rows(x) or x.shape[1] != w.in_features:
+        return None
+    m = x.shape[0]
+    y = torch.empty(m, w.out_features, dtype=torch.float32)
+    lib.infer_q8f_gemm(x.data_ptr(), x.stride(0), m, w.in_features, w.codes.data_ptr(),
+                       w.d.data_ptr(), w.out_features, y.data_ptr(), y.stride(0))
+    return y
+
+
+# -- layer ops -----------------------------------------------------------------------------------
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(normed, x + residual or None), or None when the inputs do not fit the kernel."""
+    lib = _lib()
+    if lib is None or x.dim() != 2 or not _f32_rows(x) or weight.dtype != torch.float32:
+        return None
+    if residual is not None and (not _f32_rows(residual) or residual.shape != x.shape):
+        return None
+    rows, dim = x.shape
+    out = torch.empty(rows, dim, dtype=torch.float32)
+    res_out = torch.empty(rows, dim, dtype=torch.float32) if residual is not None else None
+    lib.infer_rms_norm(x.data_ptr(), x.stride(0),
+                       residual.data_ptr() if residual is not None else None,
+                       residual.stride(0) if residual is not None else 0,
+                       res_out.data_ptr() if res_out is not None else None,
+                       weight.data_ptr(), out.data_ptr(), rows, dim, float(eps))
+    return out, res_out
+
+
+def _heads_view(t: torch.Tensor) -> bool:
+    """[T, heads, D] float32 with contiguous heads (the row stride may be larger)."""
+    return (t.dtype == torch.float32 and t.dim() == 3 and t.stride(2) == 1
+            and t.stride(1) == t.shape[2])
+
+
+def rope_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor,
+          rotary_dim: int) -> bool:
+    """Rotate q [T, H, D] and k [T, Hkv, D] in place; False (nothing done) if it does not fit."""
+    lib = _lib()
+    if (lib is None or not _heads_view(q) or not _heads_view(k) or positions.dtype != torch.int64
+            or not positions.is_contiguous() or cos_sin.dtype != torch.float32
+            or not cos_sin.is_contiguous() or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]):
+        return False
+    t, h, d = q.shape
+    lib.infer_rope(positions.data_ptr(), q.data_ptr(), q.stride(0), h, k.data_ptr(), k.stride(0),
+                   k.shape[1], t, d, rotary_dim, cos_sin.data_ptr())
+    return True
+
+
+def silu_mul(x: torch.Tensor) -> torch.Tensor | None:
+    """x [T, 2I] -> silu(x[:, :I]) * x[:, I:]; None if it does not fit."""
+    lib = _lib()
+    if lib is None or not _f32_rows(x) or x.shape[1] % 2:
+        return None
+    t, i = x.shape[0], x.shape[1] // 2
+    out = torch.empty(t, i, dtype=torch.float32)
+    lib.infer_silu_mul(x.data_ptr(), x.stride(0), out.data_ptr(), t, i)
+    return out
+
+
+def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
+                 seq_lens: torch.Tensor, page_size: int, scale: float) -> torch.Tensor | None:
+    """Write k/v [B, Hkv, D] at ``slots`` and attend q [B, H, D] over each sequence's pages."""
+    lib = _lib()
+    if (lib is None or not (_heads_view(q) and _heads_view(k) and _heads_view(v))
+            or k_cache.dtype != torch.float32 or v_cache.dtype != torch.float32
+            or not (k_cache.is_contiguous() and v_cache.is_contiguous())
+            or slots.dtype != torch.int64 or block_tables.dtype != torch.int32
+            or seq_lens.dtype != torch.int32 or block_tables.stride(1) != 1
+            or not (slots.is_contiguous() and seq_lens.is_contiguous())):
+        return None
+    b, h, d = q.shape
+    out = torch.empty(b, h, d, dtype=torch.float32)
+    lib.infer_paged_decode(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(),
+                           v.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
+                           block_tables.data_ptr(), block_tables.stride(0), seq_lens.data_ptr(),
+                           out.data_ptr(), b, h, k.shape[1], d, page_size, float(scale))
+    return out

@@ -1,0 +1,386 @@
+/*
+ * infer-plugin-cpu native kernels: float32 activations, GGUF-style blocks of 32 weights.
+ *
+ * Compiled on first use for the machine it runs on (see kernels/__init__.py) and called through
+ * ctypes. Every function takes raw pointers and sizes; the Python side checks dtypes, shapes and
+ * strides before calling. All of them are checked against the plain-torch references in
+ * plugins/cpu/tests/test_native_kernels.py.
+ *
+ * Linear layers (x [M, K] float32 -> y [M, N] float32, K a multiple of 32):
+ *   - q4 weights (GGUF Q4_0 / Q4_1): per 32-weight block a scale d and a minimum m, codes q in
+ *     0..15 (w = d * q + m; Q4_0 is m = -8 d). 16 bytes per block, byte j holds weight j in its
+ *     low nibble and weight j + 16 in its high nibble, as in the GGUF file.
+ *   - q8 weights (GGUF Q8_0): per block a scale d, codes int8 (w = d * q).
+ *   The activations are quantized per 32-block to int8 with one scale (as llama.cpp's Q8 dot
+ *   products do), and each block's dot product is an integer dot product.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define QK 32
+
+static int g_threads = 1;
+
+void infer_set_threads(int n) { g_threads = n > 0 ? n : 1; }
+
+int infer_kernels_isa(void) {
+#ifdef __AVX2__
+  return 2;
+#else
+  return 0;
+#endif
+}
+
+/* x [K] -> int8 codes q [K], per block scale d [K/32] and d * sum(q) in s [K/32]. */
+static void quantize_row_q8(const float *x, int K, int8_t *q, float *d, float *s) {
+  for (int b = 0; b < K / QK; b++) {
+    const float *xb = x + (int64_t)b * QK;
+    float amax = 0.f;
+    for (int j = 0; j < QK; j++) {
+      float a = fabsf(xb[j]);
+      amax = a > amax ? a : amax;
+    }
+    float dd = amax / 127.f;
+    float id = dd != 0.f ? 1.f / dd : 0.f;
+    int sum = 0;
+    for (int j = 0; j < QK; j++) {
+      int v = (int)nearbyintf(xb[j] * id);
+      q[b * QK + j] = (int8_t)v;
+      sum += v;
+    }
+    d[b] = dd;
+    s[b] = dd * (float)sum;
+  }
+}
+
+#ifdef __AVX2__
+static inline float hsum256(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+#endif
+
+/* One output: sum over blocks of (d_w q_w + m_w) . (d_x q_x). */
+static inline float dot_q4(const uint8_t *wq, const float *wd, const float *wm, const int8_t *xq,
+                           const float *xd, const float *xs, int nb) {
+  float acc_m = 0.f;
+#ifdef __AVX2__
+  __m256 acc = _mm256_setzero_ps();
+  const __m128i low = _mm_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int b = 0; b < nb; b++) {
+    __m128i raw = _mm_loadu_si128((const __m128i *)(wq + (int64_t)b * 16));
+    __m128i lo = _mm_and_si128(raw, low);
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
+    __m256i w = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+    __m256i x = _mm256_loadu_si256((const __m256i *)(xq + (int64_t)b * QK));
+    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(wd[b] * xd[b]), _mm256_cvtepi32_ps(p), acc);
+    acc_m += wm[b] * xs[b];
+  }
+  return hsum256(acc) + acc_m;
+#else
+  float acc = 0.f;
+  for (int b = 0; b < nb; b++) {
+    const uint8_t *w = wq + (int64_t)b * 16;
+    const int8_t *x = xq + (int64_t)b * QK;
+    int sum = 0;
+    for (int j = 0; j < 16; j++) sum += (w[j] & 0x0F) * x[j] + (w[j] >> 4) * x[j + 16];
+    acc += wd[b] * xd[b] * (float)sum;
+    acc_m += wm[b] * xs[b];
+  }
+  return acc + acc_m;
+#endif
+}
+
+static inline float dot_q8(const int8_t *wq, const float *wd, const int8_t *xq, const float *xd,
+                           int nb) {
+#ifdef __AVX2__
+  __m256 acc = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int b = 0; b < nb; b++) {
+    __m256i w = _mm256_loadu_si256((const __m256i *)(wq + (int64_t)b * QK));
+    __m256i x = _mm256_loadu_si256((const __m256i *)(xq + (int64_t)b * QK));
+    /* |w| * (x with w's sign): an unsigned x signed byte product, as maddubs needs. */
+    __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    p = _mm256_madd_epi16(p, ones);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(wd[b] * xd[b]), _mm256_cvtepi32_ps(p), acc);
+  }
+  return hsum256(acc);
+#else
+  float acc = 0.f;
+  for (int b = 0; b < nb; b++) {
+    int sum = 0;
+    for (int j = 0; j < QK; j++) sum += wq[(int64_t)b * QK + j] * xq[(int64_t)b * QK + j];
+    acc += wd[b] * xd[b] * (float)sum;
+  }
+  return acc;
+#endif
+}
+
+/* Activation rows -> q8 blocks. With silu_mul the input rows are [gate | up] of width 2K and
+ * the quantized row is silu(gate) * up (the fused SiLU-gated MLP input of the down projection). */
+static void quantize_rows(const float *x, int64_t x_stride, int M, int K, int silu_mul,
+                          int8_t *xq, float *xd, float *xs) {
+  int nb = K / QK;
+  float *tmp = silu_mul ? (float *)malloc(sizeof(float) * (size_t)K) : NULL;
+  for (int m = 0; m < M; m++) {
+    const float *row = x + (int64_t)m * x_stride;
+    if (silu_mul) {
+      for (int j = 0; j < K; j++) {
+        float g = row[j];
+        tmp[j] = g / (1.f + expf(-g)) * row[K + j];
+      }
+      row = tmp;
+    }
+    quantize_row_q8(row, K, xq + (int64_t)m * K, xd + (int64_t)m * nb, xs + (int64_t)m * nb);
+  }
+  free(tmp);
+}
+
+#ifdef __AVX2__
+/* Four q4 outputs at once (rows n..n+3, one activation row): four independent accumulators
+ * share each activation block load. */
+static inline void dot_q4_x4(const uint8_t *wq, int64_t wq_stride, const float *wd,
+                             const float *wm, int64_t ws_stride, const int8_t *xq,
+                             const float *xd, const float *xs, int nb, float *out) {
+  const __m128i low = _mm_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+  for (int b = 0; b < nb; b++) {
+    __m256i x = _mm256_loadu_si256((const __m256i *)(xq + (int64_t)b * QK));
+    for (int r = 0; r < 4; r++) {
+      __m128i raw = _mm_loadu_si128((const __m128i *)(wq + r * wq_stride + (int64_t)b * 16));
+      __m128i lo = _mm_and_si128(raw, low);
+      __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
+      __m256i w = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+      __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones);
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(wd[r * ws_stride + b] * xd[b]),
+                               _mm256_cvtepi32_ps(p), acc[r]);
+    }
+  }
+  for (int r = 0; r < 4; r++) {
+    float sm = 0.f;
+    for (int b = 0; b < nb; b++) sm += wm[r * ws_stride + b] * xs[b];
+    out[r] = hsum256(acc[r]) + sm;
+  }
+}
+#endif
+
+/* y[m, n] = x[m] . w[n] (+ bias[n]). kind 4: q4 weights (wq [N, K/2], wd/wm [N, K/32]);
+ * kind 8: q8 weights (wq [N, K], wd [N, K/32], wm unused). y rows have stride y_stride. */
+void infer_qgemm(int kind, const float *x, int64_t x_stride, int M, int K, int silu_mul,
+                 const void *wq, const float *wd, const float *wm, const float *bias, int N,
+                 float *y, int64_t y_stride) {
+  int nb = K / QK;
+  int8_t *xq = (int8_t *)malloc((size_t)M * K);
+  float *xd = (float *)malloc(sizeof(float) * (size_t)M * nb);
+  float *xs = (float *)malloc(sizeof(float) * (size_t)M * nb);
+  quantize_rows(x, x_stride, M, K, silu_mul, xq, xd, xs);
+  /* Split the output rows across threads in blocks of 16 (one weight row is reused by every
+   * activation row while it is in cache). */
+#pragma omp parallel for num_threads(g_threads) schedule(static)
+  for (int n0 = 0; n0 < N; n0 += 16) {
+    int n1 = n0 + 16 < N ? n0 + 16 : N;
+    int n = n0;
+#ifdef __AVX2__
+    if (kind == 4) {
+      for (; n + 4 <= n1; n += 4) {
+        for (int m = 0; m < M; m++) {
+          float v[4];
+          dot_q4_x4((const uint8_t *)wq + (int64_t)n * (K / 2), K / 2, wd + (int64_t)n * nb,
+                    wm + (int64_t)n * nb, nb, xq + (int64_t)m * K, xd + (int64_t)m * nb,
+                    xs + (int64_t)m * nb, nb, v);
+          for (int r = 0; r < 4; r++)
+            y[(int64_t)m * y_stride + n + r] = bias ? v[r] + bias[n + r] : v[r];
+        }
+      }
+    }
+#endif
+    for (; n < n1; n++) {
+      const float *d = wd + (int64_t)n * nb;
+      for (int m = 0; m < M; m++) {
+        float v;
+        if (kind == 4)
+          v = dot_q4((const uint8_t *)wq + (int64_t)n * (K / 2), d, wm + (int64_t)n * nb,
+                     xq + (int64_t)m * K, xd + (int64_t)m * nb, xs + (int64_t)m * nb, nb);
+        else
+          v = dot_q8((const int8_t *)wq + (int64_t)n * K, d, xq + (int64_t)m * K,
+                     xd + (int64_t)m * nb, nb);
+        y[(int64_t)m * y_stride + n] = bias ? v + bias[n] : v;
+      }
+    }
+  }
+  free(xq);
+  free(xd);
+  free(xs);
+}
+
+/* y[m, n] = sum_b d[n, b] * (q[n, b] . x[m, b]) with float32 activations (no activation
+ * quantization: for outputs that are sensitive to it, such as the LM head's logits).
+ * wq [N, K] int8, wd [N, K/32]; y rows of stride y_stride. */
+void infer_q8f_gemm(const float *x, int64_t x_stride, int M, int K, const int8_t *wq,
+                    const float *wd, int N, float *y, int64_t y_stride) {
+  int nb = K / QK;
+#pragma omp parallel for num_threads(g_threads) schedule(static)
+  for (int n = 0; n < N; n++) {
+    const int8_t *w = wq + (int64_t)n * K;
+    const float *d = wd + (int64_t)n * nb;
+#ifdef __AVX2__
+    if (M == 1) { /* one row: four independent accumulators, one hsum */
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int b = 0; b < nb; b++) {
+        const int8_t *wb = w + (int64_t)b * QK;
+        const float *xb = x + (int64_t)b * QK;
+        __m256 db = _mm256_set1_ps(d[b]);
+#define W8(i) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(wb + 8 * (i)))))
+        a0 = _mm256_fmadd_ps(_mm256_mul_ps(db, W8(0)), _mm256_loadu_ps(xb), a0);
+        a1 = _mm256_fmadd_ps(_mm256_mul_ps(db, W8(1)), _mm256_loadu_ps(xb + 8), a1);
+        a2 = _mm256_fmadd_ps(_mm256_mul_ps(db, W8(2)), _mm256_loadu_ps(xb + 16), a2);
+        a3 = _mm256_fmadd_ps(_mm256_mul_ps(db, W8(3)), _mm256_loadu_ps(xb + 24), a3);
+#undef W8
+      }
+      y[n] = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+      continue;
+    }
+    __m256 acc[16];
+    for (int m0 = 0; m0 < M; m0 += 16) {
+      int mc = M - m0 < 16 ? M - m0 : 16;
+      for (int m = 0; m < mc; m++) acc[m] = _mm256_setzero_ps();
+      for (int b = 0; b < nb; b++) {
+        __m256 wf[4];
+        __m256 db = _mm256_set1_ps(d[b]);
+        for (int i = 0; i < 4; i++) {
+          __m128i w8 = _mm_loadl_epi64((const __m128i *)(w + (int64_t)b * QK + 8 * i));
+          wf[i] = _mm256_mul_ps(db, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(w8)));
+        }
+        for (int m = 0; m < mc; m++) {
+          const float *xb = x + (int64_t)(m0 + m) * x_stride + (int64_t)b * QK;
+          __m256 a = _mm256_fmadd_ps(wf[0], _mm256_loadu_ps(xb), acc[m]);
+          a = _mm256_fmadd_ps(wf[1], _mm256_loadu_ps(xb + 8), a);
+          a = _mm256_fmadd_ps(wf[2], _mm256_loadu_ps(xb + 16), a);
+          acc[m] = _mm256_fmadd_ps(wf[3], _mm256_loadu_ps(xb + 24), a);
+        }
+      }
+      for (int m = 0; m < mc; m++) y[(int64_t)(m0 + m) * y_stride + n] = hsum256(acc[m]);
+    }
+#else
+    for (int m = 0; m < M; m++) {
+      const float *xr = x + (int64_t)m * x_stride;
+      float acc = 0.f;
+      for (int b = 0; b < nb; b++) {
+        float sb = 0.f;
+        for (int j = 0; j < QK; j++) sb += (float)w[(int64_t)b * QK + j] * xr[(int64_t)b * QK + j];
+        acc += d[b] * sb;
+      }
+      y[(int64_t)m * y_stride + n] = acc;
+    }
+#endif
+  }
+}
+
+/* out = w * x / sqrt(mean(x^2) + eps) per row; with residual != NULL first x += residual and the
+ * sum is written to res_out (the fused residual add of a pre-norm block). */
+void infer_rms_norm(const float *x, int64_t x_stride, const float *residual, int64_t r_stride,
+                    float *res_out, const float *w, float *out, int rows, int dim, float eps) {
+#pragma omp parallel for num_threads(rows >= 4 ? g_threads : 1) schedule(static)
+  for (int r = 0; r < rows; r++) {
+    const float *xr = x + (int64_t)r * x_stride;
+    float *o = out + (int64_t)r * dim;
+    const float *src = xr;
+    if (residual) {
+      float *h = res_out + (int64_t)r * dim;
+      const float *rr = residual + (int64_t)r * r_stride;
+      for (int j = 0; j < dim; j++) h[j] = xr[j] + rr[j];
+      src = h;
+    }
+    float ss = 0.f;
+    for (int j = 0; j < dim; j++) ss += src[j] * src[j];
+    float inv = 1.f / sqrtf(ss / (float)dim + eps);
+    for (int j = 0; j < dim; j++) o[j] = w[j] * (src[j] * inv);
+  }
+}
+
+/* In-place rotate-half rotary embedding of q [T, H, D] and k [T, Hkv, D] (row strides q_stride,
+ * k_stride; heads contiguous) over the first R dims, cos/sin table rows [R/2 cos | R/2 sin]. */
+void infer_rope(const int64_t *pos, float *q, int64_t q_stride, int H, float *k, int64_t k_stride,
+                int Hkv, int T, int D, int R, const float *cos_sin) {
+  int half = R / 2;
+  for (int t = 0; t < T; t++) {
+    const float *c = cos_sin + pos[t] * R, *s = c + half;
+    for (int h = 0; h < H + Hkv; h++) {
+      float *x = h < H ? q + t * q_stride + (int64_t)h * D : k + t * k_stride + (int64_t)(h - H) * D;
+      for (int i = 0; i < half; i++) {
+        float x1 = x[i], x2 = x[i + half];
+        x[i] = x1 * c[i] - x2 * s[i];
+        x[i + half] = x2 * c[i] + x1 * s[i];
+      }
+    }
+  }
+}
+
+/* out [T, I] = silu(x[:, :I]) * x[:, I:], x rows of stride x_stride. */
+void infer_silu_mul(const float *x, int64_t x_stride, float *out, int T, int I) {
+  for (int t = 0; t < T; t++) {
+    const float *g = x + t * x_stride, *u = g + I;
+    float *o = out + (int64_t)t * I;
+    for (int i = 0; i < I; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+  }
+}
+
+/* Decode attention over a paged float32 cache, one query per sequence, after writing the new k/v.
+ *   q [B, H, D] (row stride q_stride), k/v new [B, Hkv, D] (row strides k_stride, v_stride),
+ *   caches [pages, page, Hkv, D], slots [B] (where the new k/v go), block_tables [B, bt_stride]
+ *   int32, seq_lens [B] int32 (including the new token), out [B, H, D] contiguous. */
+void infer_paged_decode(const float *q, int64_t q_stride, const float *k, int64_t k_stride,
+                        const float *v, int64_t v_stride, float *k_cache, float *v_cache,
+                        const int64_t *slots, const int32_t *block_tables, int64_t bt_stride,
+                        const int32_t *seq_lens, float *out, int B, int H, int Hkv, int D, int page,
+                        float scale) {
+  int64_t row = (int64_t)Hkv * D;
+  for (int b = 0; b < B; b++) {
+    memcpy(k_cache + slots[b] * row, k + b * k_stride, sizeof(float) * (size_t)row);
+    memcpy(v_cache + slots[b] * row, v + b * v_stride, sizeof(float) * (size_t)row);
+  }
+  int group = H / Hkv;
+#pragma omp parallel for num_threads(B * H >= 4 ? g_threads : 1) schedule(static)
+  for (int bh = 0; bh < B * H; bh++) {
+    int b = bh / H, h = bh % H, g = h / group, L = seq_lens[b];
+    const float *qv = q + b * q_stride + (int64_t)h * D;
+    const int32_t *bt = block_tables + b * bt_stride;
+    float *scores = (float *)malloc(sizeof(float) * (size_t)L);
+    float mx = -INFINITY;
+    for (int j = 0; j < L; j++) {
+      const float *kj = k_cache + ((int64_t)bt[j / page] * page + j % page) * row + (int64_t)g * D;
+      float sdot = 0.f;
+      for (int i = 0; i < D; i++) sdot += qv[i] * kj[i];
+      scores[j] = sdot * scale;
+      mx = scores[j] > mx ? scores[j] : mx;
+    }
+    float sum = 0.f;
+    for (int j = 0; j < L; j++) {
+      scores[j] = expf(scores[j] - mx);
+      sum += scores[j];
+    }
+    float *o = out + (int64_t)bh * D;
+    for (int i = 0; i < D; i++) o[i] = 0.f;
+    for (int j = 0; j < L; j++) {
+      const float *vj = v_cache + ((int64_t)bt[j / page] * page + j % page) * row + (int64_t)g * D;
+      float p = scores[j] / sum;
+      for (int i = 0; i < D; i++) o[i] += p * vj[i];
+    }
+    free(scores);
+  }
+}

@@ -1,0 +1,155 @@
+"""The native CPU kernels (infer_cpu.kernels) against the plain-torch references, on fresh
+random inputs, plus the fall-back contract: an input a kernel does not take gives None."""
+
+from __future__ import annotations
+
+import gguf
+import pytest
+import torch
+import torch.nn.functional as F
+from infer.core.ops import layer_ops as ref
+from infer_cpu import kernels
+from infer_cpu.quant.packing import Q, gguf_qweight, quantize_q8_blocks
+
+pytestmark = pytest.mark.skipif(kernels.load() is None,
+                                reason=f"native kernels unavailable: {kernels.status().detail}")
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def _gguf(n: int, k: int, qtype: Q, seed: int) -> tuple[torch.Tensor, kernels.QWeight]:
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
+    raw = gguf.quants.quantize(w.numpy(), qtype)
+    exact = torch.from_numpy(gguf.quants.dequantize(raw, qtype)).reshape(n, k)
+    return exact, gguf_qweight(torch.from_numpy(raw), qtype, n)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0])
+def test_gguf_blocks_dequantize_exactly(qtype):
+    exact, qw = _gguf(40, 96, qtype, seed=1)
+    torch.testing.assert_close(qw.dequantize(), exact, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0])
+@pytest.mark.parametrize("m", [1, 3, 17, 40])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_qgemm_against_dequantised_matmul(qtype, m, threads):
+    n = 37  # not a multiple of the kernel's 4/16-row tiles
+    exact, qw = _gguf(n, 128, qtype, seed=m)
+    x = torch.randn(m, 128)
+    bias = torch.randn(n)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = kernels.qgemm(x, qw, bias)
+    finally:
+        torch.set_num_threads(old)
+    # int8 activations per 32-block: about 0.5 % relative error on random data
+    assert _rel(y, F.linear(x, exact, bias)) < 2e-2
+
+
+def test_qgemm_strided_rows_and_fused_silu_mul():
+    exact, qw = _gguf(24, 64, Q.Q4_1, seed=5)
+    big = torch.randn(5, 200)
+    x = big[:, 10:74]  # rows with stride 200
+    assert _rel(kernels.qgemm(x, qw), x @ exact.t()) < 2e-2
+    gu = torch.randn(4, 128)
+    y = kernels.qgemm(gu, qw, silu_mul=True)
+    assert _rel(y, ref.silu_and_mul_ref(gu) @ exact.t()) < 2e-2
+
+
+@pytest.mark.parametrize("m", [1, 2, 19])
+def test_q8f_gemm_float_activations(m):
+    w = torch.randn(50, 96)
+    qw = quantize_q8_blocks(w)
+    x = torch.randn(m, 96)
+    assert _rel(kernels.q8f_gemm(x, qw), x @ qw.dequantize().t()) < 1e-5
+    assert _rel(qw.dequantize(), w) < 1e-2
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm(with_residual):
+    x, w = torch.randn(6, 80), torch.randn(80)
+    res = torch.randn(6, 80) if with_residual else None
+    out, new_res = kernels.rms_norm(x, w, 1e-5, res)
+    r_out, r_res = ref.rms_norm_ref(x, w, 1e-5, res)
+    torch.testing.assert_close(out, r_out)
+    if with_residual:
+        torch.testing.assert_close(new_res, r_res)
+    else:
+        assert new_res is None
+
+
+@pytest.mark.parametrize("rotary_dim", [32, 16])
+def test_rope_in_place_on_qkv_views(rotary_dim):
+    from infer.core.model.layers.rotary import rope_table
+
+    t, h, hkv, d = 7, 4, 2, 32
+    qkv = torch.randn(t, (h + 2 * hkv) * d)
+    q = qkv[:, :h * d].view(t, h, d)
+    k = qkv[:, h * d:(h + hkv) * d].view(t, hkv, d)
+    pos = torch.randint(0, 64, (t,))
+    table = rope_table(rotary_dim, 64, {"rope_theta": 10000.0})
+    rq, rk = ref.rotary_ref(pos, q.clone(), k.clone(), table, rotary_dim)
+    v_before = qkv[:, (h + hkv) * d:].clone()
+    assert kernels.rope_(pos, q, k, table, rotary_dim)
+    torch.testing.assert_close(q, rq)
+    torch.testing.assert_close(k, rk)
+    torch.testing.assert_close(qkv[:, (h + hkv) * d:], v_before)  # v untouched
+
+
+def test_silu_mul():
+    x = torch.randn(5, 48)
+    torch.testing.assert_close(kernels.silu_mul(x), ref.silu_and_mul_ref(x))
+
+
+@pytest.mark.parametrize("page", [1, 4, 16])
+def test_paged_decode_against_sdpa(page):
+    b, h, hkv, d = 3, 6, 2, 16
+    seq_lens = [5, 1, 23]
+    pages_needed = [-(-s // page) for s in seq_lens]
+    n_pages = sum(pages_needed) + 2
+    perm = torch.randperm(n_pages)  # sequences own scattered pages
+    tables = torch.zeros(b, max(pages_needed), dtype=torch.int32)
+    at = 0
+    for i, p in enumerate(pages_needed):
+        tables[i, :p] = perm[at:at + p].to(torch.int32)
+        at += p
+    k_cache = torch.randn(n_pages, page, hkv, d)
+    v_cache = torch.randn(n_pages, page, hkv, d)
+    slots = torch.tensor([int(tables[i, (s - 1) // page]) * page + (s - 1) % page
+                          for i, s in enumerate(seq_lens)], dtype=torch.int64)
+    qkv = torch.randn(b, (h + 2 * hkv) * d)
+    q = qkv[:, :h * d].view(b, h, d)
+    k = qkv[:, h * d:(h + hkv) * d].view(b, hkv, d)
+    v = qkv[:, (h + hkv) * d:].view(b, hkv, d)
+    kc, vc = k_cache.clone(), v_cache.clone()
+    out = kernels.paged_decode(q, k, v, kc, vc, slots, tables,
+                               torch.tensor(seq_lens, dtype=torch.int32), page, d ** -0.5)
+    for i, s in enumerate(seq_lens):
+        flat_k = kc.view(-1, hkv, d)
+        torch.testing.assert_close(flat_k[slots[i]], k[i])  # the new key was written
+        idx = torch.cat([int(tables[i, j // page]) * page + torch.tensor([j % page])
+                         for j in range(s)])
+        ks = flat_k[idx].transpose(0, 1)  # [Hkv, S, D]
+        vs = vc.view(-1, hkv, d)[idx].transpose(0, 1)
+        want = F.scaled_dot_product_attention(q[i][:, None, :], ks, vs, scale=d ** -0.5,
+                                              enable_gqa=True)[:, 0, :]
+        torch.testing.assert_close(out[i], want, rtol=1e-5, atol=1e-5)
+
+
+def test_inputs_the_kernels_do_not_take_give_none():
+    qw = quantize_q8_blocks(torch.randn(8, 64))
+    assert kernels.qgemm(torch.randn(2, 64, dtype=torch.bfloat16), qw) is None
+    assert kernels.qgemm(torch.randn(2, 32), qw) is None  # wrong K
+    assert kernels.rms_norm(torch.randn(2, 3, 8), torch.ones(8), 1e-6) is None  # 3-D
+    assert kernels.silu_mul(torch.randn(4, 8).t()) is None  # column-strided
+    q = torch.randn(2, 4, 8, dtype=torch.float64)
+    assert not kernels.rope_(torch.zeros(2, dtype=torch.int64), q, q, torch.randn(4, 8), 8)
+
+
+def test_status_names_the_library():
+    st = kernels.status()
+    assert st.available and "libinfer_cpu_kernels" in st.detail
