@@ -222,7 +222,7 @@ def other_rows(platform: str, flags: list[dict[str, str]]) -> list[str]:
 
 
 CPU_GENERATIONS = ["amx", "avx512", "avx2", "arm", "x86_64"]
-# Flags about CUDA graph capture: the CPU platform captures no graphs.
+# Flags about CUDA graph capture sizes: the CPU's native decode graph takes any batch size.
 CPU_GRAPH_FLAGS = ("--cuda-graph-max-bs", "--cuda-graph-bs", "--disable-cuda-graph-padding",
                    "--enable-cudagraph-gc", "--enable-profile-cuda-graph")
 
@@ -237,10 +237,12 @@ def cpu_vendor_rows(flags: list[dict[str, str]]) -> list[str]:
     for flag in CPU_GRAPH_FLAGS:
         if flag in known:
             rows.append(_row(flag, "unsupported",
-                             "CUDA graphs need an NVIDIA GPU; the CPU platform captures no graphs"))
+                             "CUDA graphs need an NVIDIA GPU; the CPU's native decode graph "
+                             "(infer_cpu.graph) runs any batch size, with no capture sizes or padding"))
     if "--disable-cuda-graph" in known:
         rows.append("  - {flag: --disable-cuda-graph, status: supported, reason: "
-                    "\"the CPU platform never captures graphs, so decode always runs eagerly\"}")
+                    "\"turns off the CPU's native decode graph (infer_cpu.graph): decode steps run "
+                    "op by op from Python\"}")
     for flag in VENDOR_VALUES:
         for value, (needs, why) in VENDOR_VALUES[flag].items():
             if needs != "cpu":

@@ -83,6 +83,17 @@ def register_linear_methods(register: Any) -> None:
     register("torchao:int8wo", _int8_weight_only_linear, "cpu")  # --torchao-config int8wo
 
 
+def _native_decode_graph(model_runner: Any, server_args: Any) -> Any:
+    from infer_cpu.graph import NativeDecodeGraph
+
+    return NativeDecodeGraph(model_runner, server_args)
+
+
+@hookimpl
+def register_graph_runners(register: Any) -> None:
+    register("native_decode", _native_decode_graph, "cpu")
+
+
 @hookimpl
 def register_layer_ops(register: Any) -> None:
     for name in ("rms_norm", "rotary", "silu_and_mul"):  # native kernels, torch for the rest

@@ -65,6 +65,7 @@ class CpuPlatform(Platform):
     torch_device = "cpu"
     dist_backend = "gloo"
     default_attention_backend = "torch_native"
+    default_graph_runner = "native_decode"  # infer_cpu.graph: whole decode stack in one call
 
     def memory_available(self) -> int:
         try:

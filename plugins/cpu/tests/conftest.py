@@ -16,3 +16,20 @@ def kernel_mode(request, monkeypatch) -> str:
     else:
         monkeypatch.setattr(kernels, "_state", {"lib": None, "detail": "off for this test"})
     return request.param
+
+
+def _greedy(core, prompts, n):
+    """Greedy continuations of ``prompts`` (token id lists) through an EngineCore, batched."""
+    outs = {}
+    for i, p in enumerate(prompts):
+        core.add_request(core.make_request(f"r{i}", p, {"max_new_tokens": n, "temperature": 0.0,
+                                                        "ignore_eos": True}))
+    while core.has_work():
+        for o in core.step():
+            outs.setdefault(o.rid, []).extend(o.new_token_ids)
+    return [outs[f"r{i}"] for i in range(len(prompts))]
+
+
+@pytest.fixture
+def greedy():
+    return _greedy

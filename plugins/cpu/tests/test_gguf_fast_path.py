@@ -13,19 +13,8 @@ pytestmark = pytest.mark.slow
 CHATS = ["What is the capital of France?", "Write a haiku about the sea."]
 
 
-def _greedy(core, prompts, n):
-    outs = {}
-    for i, p in enumerate(prompts):
-        core.add_request(core.make_request(f"r{i}", p, {"max_new_tokens": n, "temperature": 0.0,
-                                                        "ignore_eos": True}))
-    while core.has_work():
-        for o in core.step():
-            outs.setdefault(o.rid, []).extend(o.new_token_ids)
-    return [outs[f"r{i}"] for i in range(len(prompts))]
-
-
 @pytest.mark.parametrize("native", [True, False], ids=["native", "torch-int4"])
-def test_default_gguf_takes_fast_path_and_agrees_with_float32(native, monkeypatch):
+def test_default_gguf_takes_fast_path_and_agrees_with_float32(native, monkeypatch, greedy):
     from infer.core.config import ServerArgs
     from infer.core.engine.engine_core import EngineCore
     from infer.core.model.loader.default_model import ensure_default_model
@@ -45,11 +34,11 @@ def test_default_gguf_takes_fast_path_and_agrees_with_float32(native, monkeypatc
     tok = fast.tokenizer
     prompts = [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True,
                                        tokenize=True, return_dict=True)["input_ids"] for c in CHATS]
-    got = _greedy(fast, prompts, 12)
+    got = greedy(fast, prompts, 12)
     del fast
     exact = EngineCore(ServerArgs(model_path=path, dtype="float32"))
     assert exact.loaded.ctx.quantization is None
-    ref = _greedy(exact, prompts, 12)
+    ref = greedy(exact, prompts, 12)
     for g, r in zip(got, ref, strict=True):
         same = next((i for i, (a, b) in enumerate(zip(g, r, strict=True)) if a != b), len(r))
         assert same >= 6, f"fast {tok.decode(g)!r} vs float32 {tok.decode(r)!r}"

@@ -143,7 +143,7 @@ def test_gguf_method_lm_head_quantized(kernel_mode):
     y = head(x)
     assert y.dtype == torch.float32
     if kernel_mode == "native":
-        assert head.qweight.kind == 8 and head.qweight.codes.dtype == torch.int8
+        assert head.qweight.kind == 8 and head.qweight.blocks.dtype == torch.uint8
         assert _rel(y, F.linear(x, head.qweight.dequantize())) < 1e-5  # only weight quantization
     else:
         assert head.int8_q.dtype == torch.int8

@@ -41,8 +41,8 @@ _F = ctypes.c_float
 _SIGNATURES = {
     "infer_set_threads": [_I],
     "infer_kernels_isa": [],
-    "infer_qgemm": [_I, _P, _L, _I, _I, _I, _P, _P, _P, _P, _I, _P, _L],
-    "infer_q8f_gemm": [_P, _L, _I, _I, _P, _P, _I, _P, _L],
+    "infer_qgemm": [_I, _P, _L, _I, _I, _I, _P, _P, _I, _P, _L],
+    "infer_q8f_gemm": [_P, _L, _I, _I, _P, _I, _P, _L],
     "infer_rms_norm": [_P, _L, _P, _L, _P, _P, _P, _I, _I, _F],
     "infer_rope": [_P, _P, _L, _I, _P, _L, _I, _I, _I, _I, _P],
     "infer_silu_mul": [_P, _L, _P, _I, _I],
@@ -154,43 +154,50 @@ def _f32_rows(t: torch.Tensor) -> bool:
 
 # -- quantized weights ---------------------------------------------------------------------------
 
+BLOCK_BYTES = {4: 20, 8: 34}  # q4: f16 d, f16 m, 16 code bytes; q8: f16 d, 32 int8 codes
+
+
 @dataclass
 class QWeight:
-    """Blocks of 32 weights: kind 4 (codes [N, K/2] uint8, d and m [N, K/32]) or 8 (codes [N, K]
-    int8, d [N, K/32]); w = d * q + m (q4) or d * q (q8)."""
+    """GGUF-layout blocks of 32 weights, ``blocks`` uint8 [N, K/32 * BLOCK_BYTES[kind]]:
+    kind 4 = Q4_1 blocks (w = d * q + m, q in 0..15; byte j: weight j low nibble, j + 16 high),
+    kind 8 = Q8_0 blocks (w = d * q, q int8). d and m are float16."""
 
     kind: int
-    codes: torch.Tensor
-    d: torch.Tensor
-    m: torch.Tensor | None
+    blocks: torch.Tensor
     out_features: int
     in_features: int
 
     def dequantize(self) -> torch.Tensor:
+        """float32 [N, K]."""
         n, k = self.out_features, self.in_features
+        b = self.blocks.reshape(n, k // 32, BLOCK_BYTES[self.kind])
+        d = b[..., 0:2].contiguous().view(torch.float16).float()  # [N, nb, 1]
         if self.kind == 4:
-            c = self.codes.reshape(n, k // 32, 16)
+            m = b[..., 2:4].contiguous().view(torch.float16).float()
+            c = b[..., 4:]
             q = torch.cat([c & 0x0F, c >> 4], dim=-1).float()  # [N, nb, 32]
-            return (q * self.d[..., None] + self.m[..., None]).reshape(n, k)
-        q = self.codes.reshape(n, k // 32, 32).float()
-        return (q * self.d[..., None]).reshape(n, k)
+            return (q * d + m).reshape(n, k)
+        q = b[..., 2:].contiguous().view(torch.int8).float()
+        return (q * d).reshape(n, k)
 
 
 def qgemm(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None,
           silu_mul: bool = False) -> torch.Tensor | None:
-    """x [M, K] float32 (or [M, 2K] with ``silu_mul``) -> [M, N]; None if the kernels are off."""
+    """x [M, K] float32 (or [M, 2K] with ``silu_mul``) -> [M, N]; None if the kernels are off.
+
+    The activations are quantized to int8 per 32-block (llama.cpp's Q8 scheme)."""
     lib = _lib()
     k = w.in_features
     if lib is None or not _f32_rows(x) or x.shape[1] != (2 * k if silu_mul else k):
         return None
-    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+    if bias is not None and (bias.dtype is not _F32 or not bias.is_contiguous()):
         return None
     m = x.shape[0]
-    y = torch.empty(m, w.out_features, dtype=torch.float32)
-    lib.infer_qgemm(w.kind, x.data_ptr(), x.stride(0), m, k, int(silu_mul), w.codes.data_ptr(),
-                    w.d.data_ptr(), w.m.data_ptr() if w.m is not None else None,
+    y = torch.empty(m, w.out_features, dtype=_F32)
+    lib.infer_qgemm(w.kind, x.data_ptr(), x.stride(0), m, k, int(silu_mul), w.blocks.data_ptr(),
                     bias.data_ptr() if bias is not None else None, w.out_features,
-                    y.data_ptr(), y.stride(0))
+                    y.data_ptr(), w.out_features)
     return y
 
 
@@ -200,9 +207,9 @@ def q8f_gemm(x: torch.Tensor, w: QWeight) -> torch.Tensor | None:
     if lib is None or w.kind != 8 or not _f32_rows(x) or x.shape[1] != w.in_features:
         return None
     m = x.shape[0]
-    y = torch.empty(m, w.out_features, dtype=torch.float32)
-    lib.infer_q8f_gemm(x.data_ptr(), x.stride(0), m, w.in_features, w.codes.data_ptr(),
-                       w.d.data_ptr(), w.out_features, y.data_ptr(), y.stride(0))
+    y = torch.empty(m, w.out_features, dtype=_F32)
+    lib.infer_q8f_gemm(x.data_ptr(), x.stride(0), m, w.in_features, w.blocks.data_ptr(),
+                       w.out_features, y.data_ptr(), w.out_features)
     return y
 
 

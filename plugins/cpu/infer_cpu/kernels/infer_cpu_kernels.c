@@ -7,10 +7,10 @@
  * plugins/cpu/tests/test_native_kernels.py.
  *
  * Linear layers (x [M, K] float32 -> y [M, N] float32, K a multiple of 32):
- *   - q4 weights (GGUF Q4_0 / Q4_1): per 32-weight block a scale d and a minimum m, codes q in
- *     0..15 (w = d * q + m; Q4_0 is m = -8 d). 16 bytes per block, byte j holds weight j in its
- *     low nibble and weight j + 16 in its high nibble, as in the GGUF file.
- *   - q8 weights (GGUF Q8_0): per block a scale d, codes int8 (w = d * q).
+ *   - q4 weights (GGUF Q4_1 blocks, read in place; Q4_0 converted to them): per 32-weight block
+ *     a float16 scale d and minimum m, codes q in 0..15 (w = d * q + m; Q4_0 is m = -8 d);
+ *     byte j of the 16 code bytes holds weight j in its low nibble and weight j + 16 in its high.
+ *   - q8 weights (GGUF Q8_0 blocks, read in place): a float16 scale d, codes int8 (w = d * q).
  *   The activations are quantized per 32-block to int8 with one scale (as llama.cpp's Q8 dot
  *   products do), and each block's dot product is an integer dot product.
  */
@@ -61,6 +61,42 @@ static void quantize_row_q8(const float *x, int K, int8_t *q, float *d, float *s
   }
 }
 
+/* GGUF blocks of 32 weights, read in place: q4 (Q4_1's layout; Q4_0 is converted to it at
+ * load with m = -8 d) and q8 (Q8_0's layout). Scales are IEEE float16. */
+typedef struct {
+  uint16_t d, m;
+  uint8_t qs[16];
+} block_q4;
+typedef struct {
+  uint16_t d;
+  int8_t qs[32];
+} block_q8;
+
+static inline float h2f(uint16_t h) {
+#ifdef __F16C__
+  return _cvtsh_ss(h);
+#else
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else { /* subnormal: normalise */
+    exp = 113;
+    while (!(man & 0x400)) {
+      man <<= 1;
+      exp--;
+    }
+    bits = sign | (exp << 23) | ((man & 0x3FF) << 13);
+  }
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+#endif
+}
+
 #ifdef __AVX2__
 static inline float hsum256(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
@@ -69,61 +105,62 @@ static inline float hsum256(__m256 v) {
   lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
   return _mm_cvtss_f32(lo);
 }
+
+static inline __m256i unpack_q4(const uint8_t *qs) {
+  const __m128i low = _mm_set1_epi8(0x0F);
+  __m128i raw = _mm_loadu_si128((const __m128i *)qs);
+  __m128i lo = _mm_and_si128(raw, low);
+  __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+}
 #endif
 
 /* One output: sum over blocks of (d_w q_w + m_w) . (d_x q_x). */
-static inline float dot_q4(const uint8_t *wq, const float *wd, const float *wm, const int8_t *xq,
-                           const float *xd, const float *xs, int nb) {
+static inline float dot_q4(const block_q4 *w, const int8_t *xq, const float *xd, const float *xs,
+                           int nb) {
   float acc_m = 0.f;
 #ifdef __AVX2__
   __m256 acc = _mm256_setzero_ps();
-  const __m128i low = _mm_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
   for (int b = 0; b < nb; b++) {
-    __m128i raw = _mm_loadu_si128((const __m128i *)(wq + (int64_t)b * 16));
-    __m128i lo = _mm_and_si128(raw, low);
-    __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
-    __m256i w = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
     __m256i x = _mm256_loadu_si256((const __m256i *)(xq + (int64_t)b * QK));
-    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones);
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(wd[b] * xd[b]), _mm256_cvtepi32_ps(p), acc);
-    acc_m += wm[b] * xs[b];
+    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(unpack_q4(w[b].qs), x), ones);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * xd[b]), _mm256_cvtepi32_ps(p), acc);
+    acc_m += h2f(w[b].m) * xs[b];
   }
   return hsum256(acc) + acc_m;
 #else
   float acc = 0.f;
   for (int b = 0; b < nb; b++) {
-    const uint8_t *w = wq + (int64_t)b * 16;
     const int8_t *x = xq + (int64_t)b * QK;
     int sum = 0;
-    for (int j = 0; j < 16; j++) sum += (w[j] & 0x0F) * x[j] + (w[j] >> 4) * x[j + 16];
-    acc += wd[b] * xd[b] * (float)sum;
-    acc_m += wm[b] * xs[b];
+    for (int j = 0; j < 16; j++) sum += (w[b].qs[j] & 0x0F) * x[j] + (w[b].qs[j] >> 4) * x[j + 16];
+    acc += h2f(w[b].d) * xd[b] * (float)sum;
+    acc_m += h2f(w[b].m) * xs[b];
   }
   return acc + acc_m;
 #endif
 }
 
-static inline float dot_q8(const int8_t *wq, const float *wd, const int8_t *xq, const float *xd,
-                           int nb) {
+static inline float dot_q8(const block_q8 *w, const int8_t *xq, const float *xd, int nb) {
 #ifdef __AVX2__
   __m256 acc = _mm256_setzero_ps();
   const __m256i ones = _mm256_set1_epi16(1);
   for (int b = 0; b < nb; b++) {
-    __m256i w = _mm256_loadu_si256((const __m256i *)(wq + (int64_t)b * QK));
+    __m256i wv = _mm256_loadu_si256((const __m256i *)w[b].qs);
     __m256i x = _mm256_loadu_si256((const __m256i *)(xq + (int64_t)b * QK));
     /* |w| * (x with w's sign): an unsigned x signed byte product, as maddubs needs. */
-    __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(x, wv));
     p = _mm256_madd_epi16(p, ones);
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(wd[b] * xd[b]), _mm256_cvtepi32_ps(p), acc);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * xd[b]), _mm256_cvtepi32_ps(p), acc);
   }
   return hsum256(acc);
 #else
   float acc = 0.f;
   for (int b = 0; b < nb; b++) {
     int sum = 0;
-    for (int j = 0; j < QK; j++) sum += wq[(int64_t)b * QK + j] * xq[(int64_t)b * QK + j];
-    acc += wd[b] * xd[b] * (float)sum;
+    for (int j = 0; j < QK; j++) sum += w[b].qs[j] * xq[(int64_t)b * QK + j];
+    acc += h2f(w[b].d) * xd[b] * (float)sum;
   }
   return acc;
 #endif
@@ -150,46 +187,39 @@ static void quantize_rows(const float *x, int64_t x_stride, int M, int K, int si
 }
 
 #ifdef __AVX2__
-/* Four q4 outputs at once (rows n..n+3, one activation row): four independent accumulators
+/* Four q4 outputs at once (rows w0..w3, one activation row): four independent accumulators
  * share each activation block load. */
-static inline void dot_q4_x4(const uint8_t *wq, int64_t wq_stride, const float *wd,
-                             const float *wm, int64_t ws_stride, const int8_t *xq,
-                             const float *xd, const float *xs, int nb, float *out) {
-  const __m128i low = _mm_set1_epi8(0x0F);
+static inline void dot_q4_x4(const block_q4 *w, int nb, const int8_t *xq, const float *xd,
+                             const float *xs, float *out) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                    _mm256_setzero_ps()};
+  float sm[4] = {0.f, 0.f, 0.f, 0.f};
   for (int b = 0; b < nb; b++) {
     __m256i x = _mm256_loadu_si256((const __m256i *)(xq + (int64_t)b * QK));
     for (int r = 0; r < 4; r++) {
-      __m128i raw = _mm_loadu_si128((const __m128i *)(wq + r * wq_stride + (int64_t)b * 16));
-      __m128i lo = _mm_and_si128(raw, low);
-      __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
-      __m256i w = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
-      __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones);
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(wd[r * ws_stride + b] * xd[b]),
-                               _mm256_cvtepi32_ps(p), acc[r]);
+      const block_q4 *wb = w + (int64_t)r * nb + b;
+      __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(unpack_q4(wb->qs), x), ones);
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(wb->d) * xd[b]), _mm256_cvtepi32_ps(p), acc[r]);
+      sm[r] += h2f(wb->m) * xs[b];
     }
   }
-  for (int r = 0; r < 4; r++) {
-    float sm = 0.f;
-    for (int b = 0; b < nb; b++) sm += wm[r * ws_stride + b] * xs[b];
-    out[r] = hsum256(acc[r]) + sm;
-  }
+  for (int r = 0; r < 4; r++) out[r] = hsum256(acc[r]) + sm[r];
 }
 #endif
 
-/* y[m, n] = x[m] . w[n] (+ bias[n]). kind 4: q4 weights (wq [N, K/2], wd/wm [N, K/32]);
- * kind 8: q8 weights (wq [N, K], wd [N, K/32], wm unused). y rows have stride y_stride. */
+/* y[m, n] = x[m] . w[n] (+ bias[n]) for x [M, K] float32 (row stride x_stride).
+ * kind 4: w = [N, K/32] block_q4; kind 8: w = [N, K/32] block_q8. y rows have stride y_stride. */
 void infer_qgemm(int kind, const float *x, int64_t x_stride, int M, int K, int silu_mul,
-                 const void *wq, const float *wd, const float *wm, const float *bias, int N,
-                 float *y, int64_t y_stride) {
+                 const void *w, const float *bias, int N, float *y, int64_t y_stride) {
   int nb = K / QK;
   int8_t *xq = (int8_t *)malloc((size_t)M * K);
   float *xd = (float *)malloc(sizeof(float) * (size_t)M * nb);
   float *xs = (float *)malloc(sizeof(float) * (size_t)M * nb);
   quantize_rows(x, x_stride, M, K, silu_mul, xq, xd, xs);
-  /* Split the output rows across threads in blocks of 16 (one weight row is reused by every
+  const block_q4 *w4 = (const block_q4 *)w;
+  const block_q8 *w8 = (const block_q8 *)w;
+  /* Split the output rows across threads in tiles of 16 (a weight row is reused by every
    * activation row while it is in cache). */
 #pragma omp parallel for num_threads(g_threads) schedule(static)
   for (int n0 = 0; n0 < N; n0 += 16) {
@@ -200,9 +230,8 @@ void infer_qgemm(int kind, const float *x, int64_t x_stride, int M, int K, int s
       for (; n + 4 <= n1; n += 4) {
         for (int m = 0; m < M; m++) {
           float v[4];
-          dot_q4_x4((const uint8_t *)wq + (int64_t)n * (K / 2), K / 2, wd + (int64_t)n * nb,
-                    wm + (int64_t)n * nb, nb, xq + (int64_t)m * K, xd + (int64_t)m * nb,
-                    xs + (int64_t)m * nb, nb, v);
+          dot_q4_x4(w4 + (int64_t)n * nb, nb, xq + (int64_t)m * K, xd + (int64_t)m * nb,
+                    xs + (int64_t)m * nb, v);
           for (int r = 0; r < 4; r++)
             y[(int64_t)m * y_stride + n + r] = bias ? v[r] + bias[n + r] : v[r];
         }
@@ -210,15 +239,11 @@ void infer_qgemm(int kind, const float *x, int64_t x_stride, int M, int K, int s
     }
 #endif
     for (; n < n1; n++) {
-      const float *d = wd + (int64_t)n * nb;
       for (int m = 0; m < M; m++) {
-        float v;
-        if (kind == 4)
-          v = dot_q4((const uint8_t *)wq + (int64_t)n * (K / 2), d, wm + (int64_t)n * nb,
-                     xq + (int64_t)m * K, xd + (int64_t)m * nb, xs + (int64_t)m * nb, nb);
-        else
-          v = dot_q8((const int8_t *)wq + (int64_t)n * K, d, xq + (int64_t)m * K,
-                     xd + (int64_t)m * nb, nb);
+        float v = kind == 4 ? dot_q4(w4 + (int64_t)n * nb, xq + (int64_t)m * K,
+                                     xd + (int64_t)m * nb, xs + (int64_t)m * nb, nb)
+                            : dot_q8(w8 + (int64_t)n * nb, xq + (int64_t)m * K,
+                                     xd + (int64_t)m * nb, nb);
         y[(int64_t)m * y_stride + n] = bias ? v + bias[n] : v;
       }
     }
@@ -230,27 +255,25 @@ void infer_qgemm(int kind, const float *x, int64_t x_stride, int M, int K, int s
 
 /* y[m, n] = sum_b d[n, b] * (q[n, b] . x[m, b]) with float32 activations (no activation
  * quantization: for outputs that are sensitive to it, such as the LM head's logits).
- * wq [N, K] int8, wd [N, K/32]; y rows of stride y_stride. */
-void infer_q8f_gemm(const float *x, int64_t x_stride, int M, int K, const int8_t *wq,
-                    const float *wd, int N, float *y, int64_t y_stride) {
+ * w = [N, K/32] block_q8; y rows of stride y_stride. */
+void infer_q8f_gemm(const float *x, int64_t x_stride, int M, int K, const void *wv, int N,
+                    float *y, int64_t y_stride) {
   int nb = K / QK;
+  const block_q8 *wall = (const block_q8 *)wv;
 #pragma omp parallel for num_threads(g_threads) schedule(static)
   for (int n = 0; n < N; n++) {
-    const int8_t *w = wq + (int64_t)n * K;
-    const float *d = wd + (int64_t)n * nb;
+    const block_q8 *w = wall + (int64_t)n * nb;
 #ifdef __AVX2__
+#define W8(i) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(w[b].qs + 8 * (i)))))
     if (M == 1) { /* one row: four independent accumulators, one hsum */
       __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
       for (int b = 0; b < nb; b++) {
-        const int8_t *wb = w + (int64_t)b * QK;
         const float *xb = x + (int64_t)b * QK;
-        __m256 db = _mm256_set1_ps(d[b]);
-#define W8(i) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(wb + 8 * (i)))))
+        __m256 db = _mm256_set1_ps(h2f(w[b].d));
         a0 = _mm256_fmadd_ps(_mm256_mul_ps(db, W8(0)), _mm256_loadu_ps(xb), a0);
         a1 = _mm256_fmadd_ps(_mm256_mul_ps(db, W8(1)), _mm256_loadu_ps(xb + 8), a1);
         a2 = _mm256_fmadd_ps(_mm256_mul_ps(db, W8(2)), _mm256_loadu_ps(xb + 16), a2);
         a3 = _mm256_fmadd_ps(_mm256_mul_ps(db, W8(3)), _mm256_loadu_ps(xb + 24), a3);
-#undef W8
       }
       y[n] = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
       continue;
@@ -260,12 +283,9 @@ void infer_q8f_gemm(const float *x, int64_t x_stride, int M, int K, const int8_t
       int mc = M - m0 < 16 ? M - m0 : 16;
       for (int m = 0; m < mc; m++) acc[m] = _mm256_setzero_ps();
       for (int b = 0; b < nb; b++) {
-        __m256 wf[4];
-        __m256 db = _mm256_set1_ps(d[b]);
-        for (int i = 0; i < 4; i++) {
-          __m128i w8 = _mm_loadl_epi64((const __m128i *)(w + (int64_t)b * QK + 8 * i));
-          wf[i] = _mm256_mul_ps(db, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(w8)));
-        }
+        __m256 db = _mm256_set1_ps(h2f(w[b].d));
+        __m256 wf[4] = {_mm256_mul_ps(db, W8(0)), _mm256_mul_ps(db, W8(1)),
+                        _mm256_mul_ps(db, W8(2)), _mm256_mul_ps(db, W8(3))};
         for (int m = 0; m < mc; m++) {
           const float *xb = x + (int64_t)(m0 + m) * x_stride + (int64_t)b * QK;
           __m256 a = _mm256_fmadd_ps(wf[0], _mm256_loadu_ps(xb), acc[m]);
@@ -276,14 +296,15 @@ void infer_q8f_gemm(const float *x, int64_t x_stride, int M, int K, const int8_t
       }
       for (int m = 0; m < mc; m++) y[(int64_t)(m0 + m) * y_stride + n] = hsum256(acc[m]);
     }
+#undef W8
 #else
     for (int m = 0; m < M; m++) {
       const float *xr = x + (int64_t)m * x_stride;
       float acc = 0.f;
       for (int b = 0; b < nb; b++) {
         float sb = 0.f;
-        for (int j = 0; j < QK; j++) sb += (float)w[(int64_t)b * QK + j] * xr[(int64_t)b * QK + j];
-        acc += d[b] * sb;
+        for (int j = 0; j < QK; j++) sb += (float)w[b].qs[j] * xr[(int64_t)b * QK + j];
+        acc += h2f(w[b].d) * sb;
       }
       y[(int64_t)m * y_stride + n] = acc;
     }
@@ -307,6 +328,7 @@ void infer_rms_norm(const float *x, int64_t x_stride, const float *residual, int
       src = h;
     }
     float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
     for (int j = 0; j < dim; j++) ss += src[j] * src[j];
     float inv = 1.f / sqrtf(ss / (float)dim + eps);
     for (int j = 0; j < dim; j++) o[j] = w[j] * (src[j] * inv);
@@ -365,6 +387,7 @@ void infer_paged_decode(const float *q, int64_t q_stride, const float *k, int64_
     for (int j = 0; j < L; j++) {
       const float *kj = k_cache + ((int64_t)bt[j / page] * page + j % page) * row + (int64_t)g * D;
       float sdot = 0.f;
+#pragma omp simd reduction(+ : sdot)
       for (int i = 0; i < D; i++) sdot += qv[i] * kj[i];
       scores[j] = sdot * scale;
       mx = scores[j] > mx ? scores[j] : mx;
@@ -383,4 +406,51 @@ void infer_paged_decode(const float *q, int64_t q_stride, const float *k, int64_
     }
     free(scores);
   }
+}
+
+/* ---- A whole decode step of a Llama-family decoder stack in one call (the CPU graph runner) ----
+ * Per layer, on h [B, hidden] in place:
+ *   x = rms_norm(h) ; qkv = x Wqkv^T (+ b) ; rotary(q, k) ; write k, v ; a = attn(q) ;
+ *   h = h + a Wo^T ; x = rms_norm(h) ; gu = x Wgu^T ; h = h + (silu(g) * u) Wdown^T
+ * with the same kernels the per-op path calls, so both paths give the same numbers. */
+typedef struct {
+  const float *in_norm, *post_norm; /* [hidden] */
+  const void *wqkv, *wo, *wgu, *wdown; /* blocks of the four projections */
+  const float *bqkv;                  /* [(H + 2 Hkv) D] or NULL */
+  int kind_qkv, kind_o, kind_gu, kind_down;
+  float *k_cache, *v_cache; /* [pages, page, Hkv, D] */
+} infer_layer;
+
+void infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int B, int hidden,
+                         int H, int Hkv, int D, int inter, float eps, const int64_t *pos,
+                         const float *cos_sin, int rot_dim, const int64_t *slots,
+                         const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
+                         int page, float scale) {
+  int qkv_w = (H + 2 * Hkv) * D;
+  float *x = (float *)malloc(sizeof(float) * (size_t)B * hidden);
+  float *qkv = (float *)malloc(sizeof(float) * (size_t)B * qkv_w);
+  float *att = (float *)malloc(sizeof(float) * (size_t)B * H * D);
+  float *tmp = (float *)malloc(sizeof(float) * (size_t)B * (hidden > 2 * inter ? hidden : 2 * inter));
+  float *res = (float *)malloc(sizeof(float) * (size_t)B * hidden);
+  for (int l = 0; l < n_layers; l++) {
+    const infer_layer *L = layers + l;
+    infer_rms_norm(h, hidden, NULL, 0, NULL, L->in_norm, x, B, hidden, eps);
+    infer_qgemm(L->kind_qkv, x, hidden, B, hidden, 0, L->wqkv, L->bqkv, qkv_w, qkv, qkv_w);
+    infer_rope(pos, qkv, qkv_w, H, qkv + (int64_t)H * D, qkv_w, Hkv, B, D, rot_dim, cos_sin);
+    infer_paged_decode(qkv, qkv_w, qkv + (int64_t)H * D, qkv_w, qkv + (int64_t)(H + Hkv) * D,
+                       qkv_w, L->k_cache, L->v_cache, slots, block_tables, bt_stride, seq_lens,
+                       att, B, H, Hkv, D, page, scale);
+    infer_qgemm(L->kind_o, att, (int64_t)H * D, B, H * D, 0, L->wo, NULL, hidden, tmp, hidden);
+    /* h <- h + o ; x = norm(h) */
+    infer_rms_norm(tmp, hidden, h, hidden, res, L->post_norm, x, B, hidden, eps);
+    memcpy(h, res, sizeof(float) * (size_t)B * hidden);
+    infer_qgemm(L->kind_gu, x, hidden, B, hidden, 0, L->wgu, NULL, 2 * inter, tmp, 2 * inter);
+    infer_qgemm(L->kind_down, tmp, 2 * inter, B, inter, 1, L->wdown, NULL, hidden, x, hidden);
+    for (int64_t i = 0; i < (int64_t)B * hidden; i++) h[i] += x[i];
+  }
+  free(x);
+  free(qkv);
+  free(att);
+  free(tmp);
+  free(res);
 }

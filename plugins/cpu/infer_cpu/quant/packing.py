@@ -133,28 +133,29 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.
 
 
 def gguf_qweight(raw: torch.Tensor, qtype: Q, rows: int) -> QWeight:
-    """Q4_0 / Q4_1 / Q8_0 raw blocks of a [rows, K] weight -> the native kernels' layout (exact:
-    the same codes, float16 scales widened to float32)."""
+    """Q4_0 / Q4_1 / Q8_0 raw blocks of a [rows, K] weight -> the native kernels' layout: Q4_1 and
+    Q8_0 blocks as they are in the file; Q4_0 rewritten as Q4_1 blocks with m = -8 d (exact:
+    scaling a float16 by 8 only changes its exponent)."""
     blocks = _blocks(raw, qtype, rows)  # [N, nb, bytes]
     nb = blocks.shape[1]
-    d = _f16(blocks[..., 0:2])  # [N, nb]
     if qtype == Q.Q8_0:
-        codes = blocks[..., 2:].contiguous().view(torch.int8).reshape(rows, nb * GROUP)
-        return QWeight(8, codes, d.contiguous(), None, rows, nb * GROUP)
-    if qtype == Q.Q4_0:
-        codes, m = blocks[..., 2:], -8 * d
-    elif qtype == Q.Q4_1:
-        codes, m = blocks[..., 4:], _f16(blocks[..., 2:4])
-    else:
+        return QWeight(8, blocks.contiguous().reshape(rows, -1), rows, nb * GROUP)
+    if qtype == Q.Q4_1:
+        return QWeight(4, blocks.contiguous().reshape(rows, -1), rows, nb * GROUP)
+    if qtype != Q.Q4_0:
         raise ValueError(f"no native kernel for GGUF block type {qtype!r}")
-    return QWeight(4, codes.contiguous().reshape(rows, nb * 16), d.contiguous(), m.contiguous(),
-                   rows, nb * GROUP)
+    d = blocks[..., 0:2].contiguous().view(torch.float16)  # [N, nb, 1]
+    m = (d.float() * -8).to(torch.float16).view(torch.uint8)
+    out = torch.cat([blocks[..., 0:2], m, blocks[..., 2:]], dim=-1)  # [N, nb, 20]
+    return QWeight(4, out.contiguous().reshape(rows, -1), rows, nb * GROUP)
 
 
 def quantize_q8_blocks(w: torch.Tensor) -> QWeight:
-    """Dense [N, K] -> symmetric int8 with one scale per 32 weights (GGUF Q8_0's scheme)."""
+    """Dense [N, K] -> Q8_0 blocks (float16 scale amax / 127 per 32 weights, int8 codes)."""
     n, k = w.shape
     wg = w.float().reshape(n, k // GROUP, GROUP)
-    d = (wg.abs().amax(-1) / 127).clamp(min=1e-10)  # [N, nb]
-    q = (wg / d[..., None]).round().clamp(-127, 127).to(torch.int8)
-    return QWeight(8, q.reshape(n, k).contiguous(), d.contiguous(), None, n, k)
+    d = (wg.abs().amax(-1, keepdim=True) / 127).to(torch.float16)  # [N, nb, 1]
+    inv = torch.where(d.float() > 0, 1 / d.float(), torch.zeros_like(d, dtype=torch.float32))
+    q = (wg * inv).round().clamp(-127, 127).to(torch.int8)
+    blocks = torch.cat([d.view(torch.uint8), q.view(torch.uint8)], dim=-1)  # [N, nb, 34]
+    return QWeight(8, blocks.contiguous().reshape(n, -1), n, k)

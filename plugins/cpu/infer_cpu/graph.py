@@ -1,0 +1,157 @@
+"""``native_decode``: the CPU plugin's graph runner.
+
+A CUDA graph removes the launch cost of a decode step's many small kernels; on the CPU the same
+cost is Python's: one decode step of a 30-layer model makes about 300 op calls from Python, each
+a few microseconds of interpreter and ctypes work around a kernel that often takes less. This
+runner "captures" the decoder stack once: it checks that every layer runs the plugin's native
+kernels (GGUF-block linear layers, native RMSNorm / rotary / paged attention, float32 KV cache)
+and records each layer's weight and cache pointers in a C array. A decode step is then one
+native call for all layers (``infer_decode_layers``, the same kernels the per-op path calls, so
+both paths give identical numbers), plus the embedding lookup, final norm and LM head in torch.
+
+A model it cannot run (another architecture or layer type, dense or bf16 weights, tensor
+parallelism, a non-native attention backend, float16/bf16 KV cache) is left to the per-op path,
+and ``reason`` says why; ``--disable-cuda-graph`` / ``--enforce-eager`` turn the runner off.
+There is no batch-size padding: the call takes any decode batch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import Any
+
+import torch
+from infer.core.ops.graph import GraphRunner
+
+from infer_cpu import kernels
+
+log = logging.getLogger(__name__)
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("in_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p),
+                ("wqkv", ctypes.c_void_p), ("wo", ctypes.c_void_p), ("wgu", ctypes.c_void_p),
+                ("wdown", ctypes.c_void_p), ("bqkv", ctypes.c_void_p),
+                ("kind_qkv", ctypes.c_int), ("kind_o", ctypes.c_int), ("kind_gu", ctypes.c_int),
+                ("kind_down", ctypes.c_int), ("k_cache", ctypes.c_void_p),
+                ("v_cache", ctypes.c_void_p)]
+
+
+_P, _I, _L, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+_ARGS = [ctypes.POINTER(_Layer), _I, _P, _I, _I, _I, _I, _I, _I, _F, _P, _P, _I, _P, _P, _L, _P,
+         _I, _F]
+
+
+class NativeDecodeGraph(GraphRunner):
+    def __init__(self, model_runner: Any, server_args: Any) -> None:
+        self.mr = model_runner
+        self.ok = False
+        self.reason = "not captured"
+        self._keep: list[Any] = []
+
+    # -- capture -------------------------------------------------------------------------------
+    def capture(self) -> None:
+        try:
+            self._capture()
+            self.ok, self.reason = True, "captured"
+        except _Unsupported as e:
+            self.ok, self.reason = False, str(e)
+            log.info("native decode graph not used: %s", e)
+
+    def _capture(self) -> None:
+        from infer.core.model.layers.mlp import GatedMLP
+        from infer.core.model.models.llama import DecoderLayer
+
+        lib = kernels.load()
+        if lib is None:
+            raise _Unsupported(kernels.status().detail)
+        mr = self.mr
+        model = mr.model
+        ctx = mr.loaded.ctx
+        if getattr(ctx, "tp_size", 1) != 1:
+            raise _Unsupported("tensor parallelism")
+        if ctx.attention_backend_name != "torch_native":
+            raise _Unsupported(f"attention backend {ctx.attention_backend_name!r}")
+        if mr.kv_cache.k[0].dtype != torch.float32:
+            raise _Unsupported(f"KV cache dtype {mr.kv_cache.k[0].dtype}")
+        layers = list(getattr(getattr(model, "model", None), "layers", []))
+        if not layers:
+            raise _Unsupported("no decoder layers found")
+        rotary = getattr(model, "rotary", None)
+        if rotary is None or rotary.cos_sin.dtype != torch.float32:
+            raise _Unsupported("no float32 rotary table")
+        table = (_Layer * len(layers))()
+        eps = None
+        for i, layer in enumerate(layers):
+            if type(layer) is not DecoderLayer or type(layer.mlp) is not GatedMLP:
+                raise _Unsupported(f"layer {i} is {type(layer).__name__}, not a dense Llama layer")
+            attn = layer.self_attn
+            if attn.q_norm is not None:
+                raise _Unsupported("per-head q/k norm")
+            if attn.rotary is not rotary:
+                raise _Unsupported("per-layer rotary")
+            mods = [attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj]
+            for m in mods:
+                if getattr(m, "quant_kind", None) != "native":
+                    raise _Unsupported(f"layer {i} has a {getattr(m, 'quant_kind', 'dense')} "
+                                       f"linear layer (only GGUF Q4/Q8 blocks run natively)")
+            if any(m.bias is not None for m in mods[1:]):
+                raise _Unsupported("bias on o/gate/up/down projections")
+            norms = [layer.input_layernorm, layer.post_attention_layernorm]
+            if any(n.weight.dtype != torch.float32 for n in norms):
+                raise _Unsupported("non-float32 norms")
+            if eps is None:
+                eps = norms[0].eps
+            if any(n.eps != eps for n in norms):
+                raise _Unsupported("different norm eps per layer")
+            qkv_bias = attn.qkv_proj.bias
+            if qkv_bias is not None and (qkv_bias.dtype != torch.float32
+                                         or not qkv_bias.is_contiguous()):
+                raise _Unsupported("qkv bias not float32")
+            k_cache, v_cache = mr.kv_cache.k[i], mr.kv_cache.v[i]
+            table[i] = _Layer(
+                norms[0].weight.data_ptr(), norms[1].weight.data_ptr(),
+                *(m.qweight.blocks.data_ptr() for m in mods),
+                qkv_bias.data_ptr() if qkv_bias is not None else None,
+                *(m.qweight.kind for m in mods), k_cache.data_ptr(), v_cache.data_ptr())
+            self._keep += [norms, mods, k_cache, v_cache]
+        a0 = layers[0].self_attn
+        self.heads, self.kv_heads, self.head_dim = a0.num_heads, a0.num_kv_heads, a0.head_dim
+        self.hidden = layers[0].mlp.down_proj.out_features
+        self.inter = layers[0].mlp.down_proj.in_features
+        self.eps = float(eps)
+        self.rotary = rotary
+        self.scale = ctx.attn_backend.config.scale
+        self.table, self.n_layers = table, len(layers)
+        fn = lib.infer_decode_layers
+        fn.argtypes, fn.restype = _ARGS, None
+        self._fn = fn
+        self._model = model
+
+    # -- replay --------------------------------------------------------------------------------
+    def can_run(self, batch: Any) -> bool:
+        return self.ok and batch.attn.is_decode_only
+
+    def run(self, batch: Any) -> torch.Tensor:
+        """Decode step: embedding (torch) -> all layers (one native call) -> norm + LM head."""
+        model, meta = self._model, batch.attn
+        h = model.model.embed_tokens(batch.input_ids).float().contiguous()  # [B, hidden]
+        pos = batch.positions.contiguous()
+        slots = meta.slot_mapping.contiguous()
+        bt = meta.block_tables
+        seq_lens = meta.seq_lens.contiguous()
+        if (pos.dtype != torch.int64 or slots.dtype != torch.int64 or bt.dtype != torch.int32
+                or bt.stride(1) != 1 or seq_lens.dtype != torch.int32):
+            raise TypeError("decode metadata dtypes differ from what the native graph expects")
+        kernels._lib()  # sizes the OpenMP team to torch's thread count
+        self._fn(self.table, self.n_layers, h.data_ptr(), h.shape[0], self.hidden, self.heads,
+                 self.kv_heads, self.head_dim, self.inter, self.eps, pos.data_ptr(),
+                 self.rotary.cos_sin.data_ptr(), self.rotary.rotary_dim, slots.data_ptr(),
+                 bt.data_ptr(), bt.stride(0), seq_lens.data_ptr(), meta.page_size, self.scale)
+        h = model.model.norm(h.index_select(0, batch.logits_indices))
+        return model.lm_head(h)
+
+
+class _Unsupported(Exception):
+    pass

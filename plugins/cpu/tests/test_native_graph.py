@@ -1,0 +1,57 @@
+"""The CPU graph runner (infer_cpu.graph): the whole decode stack in one native call must give
+the same tokens as the per-op path (the same kernels, called from Python), and models it cannot
+run are left to the per-op path with the reason."""
+
+from __future__ import annotations
+
+import pytest
+from infer_cpu import kernels
+
+pytestmark = pytest.mark.skipif(kernels.load() is None,
+                                reason=f"native kernels unavailable: {kernels.status().detail}")
+
+
+@pytest.mark.slow
+def test_graph_matches_per_op_path_on_the_default_model(greedy):
+    from infer.core.config import ServerArgs
+    from infer.core.engine.engine_core import EngineCore
+    from infer.core.model.loader.default_model import ensure_default_model
+
+    path = str(ensure_default_model(quiet=True))
+    prompts = [list(range(200, 240)), list(range(300, 307)), list(range(500, 519))]
+    graph = EngineCore(ServerArgs(model_path=path, page_size=4))
+    runner = graph.runner.graph_runner
+    assert runner is not None and runner.ok, getattr(runner, "reason", None)
+    calls = {"n": 0}
+    run = runner.run
+
+    def counted(batch):
+        calls["n"] += 1
+        return run(batch)
+
+    runner.run = counted
+    got = greedy(graph, prompts, 16)
+    assert calls["n"] >= 15  # the decode steps went through the graph
+    del graph
+    eager = EngineCore(ServerArgs(model_path=path, page_size=4, disable_cuda_graph=True))
+    assert eager.runner.graph_runner is None
+    assert greedy(eager, prompts, 16) == got
+
+
+def test_dense_model_is_left_to_the_per_op_path(tmp_path, greedy):
+    import sys
+    from pathlib import Path
+
+    from infer.core.config import ServerArgs
+    from infer.core.engine.engine_core import EngineCore
+
+    sys.path.insert(0, str(Path(__file__).parents[3] / "tests" / "server"))
+    from tiny_model import make_tiny_llama  # a tiny random Llama with a real tokenizer
+
+    make_tiny_llama(tmp_path)
+    core = EngineCore(ServerArgs(model_path=str(tmp_path), dtype="float32",
+                                 max_total_tokens=512))
+    runner = core.runner.graph_runner
+    assert runner is not None and not runner.ok
+    assert "dense linear layer" in runner.reason
+    assert len(greedy(core, [[1, 2, 3]], 4)[0]) == 4
