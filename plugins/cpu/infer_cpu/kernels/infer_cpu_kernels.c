@@ -362,6 +362,41 @@ void infer_silu_mul(const float *x, int64_t x_stride, float *out, int T, int I) 
   }
 }
 
+/* s[j] <- exp(s[j] - mx) for j < n; returns the sum. AVX2: exp by range reduction
+ * (x = k ln2 + r, |r| <= ln2 / 2) and a degree-6 Taylor polynomial, relative error ~2e-7. */
+static float exp_minus_max(float *s, int n, float mx) {
+  float sum = 0.f;
+  int j = 0;
+#ifdef __AVX2__
+  const __m256 vmx = _mm256_set1_ps(mx), lo = _mm256_set1_ps(-87.f);
+  const __m256 log2e = _mm256_set1_ps(1.44269504f), ln2hi = _mm256_set1_ps(0.693359375f),
+               ln2lo = _mm256_set1_ps(-2.12194440e-4f);
+  __m256 acc = _mm256_setzero_ps();
+  for (; j + 8 <= n; j += 8) {
+    __m256 x = _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(s + j), vmx), lo);
+    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(k, ln2hi)), _mm256_mul_ps(k, ln2lo));
+    __m256 p = _mm256_set1_ps(1.f / 720.f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120.f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24.f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6.f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    __m256 v = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    _mm256_storeu_ps(s + j, v);
+    acc = _mm256_add_ps(acc, v);
+  }
+  sum = hsum256(acc);
+#endif
+  for (; j < n; j++) {
+    s[j] = expf(s[j] - mx);
+    sum += s[j];
+  }
+  return sum;
+}
+
 /* Decode attention over a paged float32 cache, one query per sequence, after writing the new k/v.
  *   q [B, H, D] (row stride q_stride), k/v new [B, Hkv, D] (row strides k_stride, v_stride),
  *   caches [pages, page, Hkv, D], slots [B] (where the new k/v go), block_tables [B, bt_stride]
@@ -382,7 +417,8 @@ void infer_paged_decode(const float *q, int64_t q_stride, const float *k, int64_
     int b = bh / H, h = bh % H, g = h / group, L = seq_lens[b];
     const float *qv = q + b * q_stride + (int64_t)h * D;
     const int32_t *bt = block_tables + b * bt_stride;
-    float *scores = (float *)malloc(sizeof(float) * (size_t)L);
+    float sbuf[2048];
+    float *scores = L <= 2048 ? sbuf : (float *)malloc(sizeof(float) * (size_t)L);
     float mx = -INFINITY;
     for (int j = 0; j < L; j++) {
       const float *kj = k_cache + ((int64_t)bt[j / page] * page + j % page) * row + (int64_t)g * D;
@@ -392,19 +428,17 @@ void infer_paged_decode(const float *q, int64_t q_stride, const float *k, int64_
       scores[j] = sdot * scale;
       mx = scores[j] > mx ? scores[j] : mx;
     }
-    float sum = 0.f;
-    for (int j = 0; j < L; j++) {
-      scores[j] = expf(scores[j] - mx);
-      sum += scores[j];
-    }
+    float sum = exp_minus_max(scores, L, mx);
+    float inv = 1.f / sum;
     float *o = out + (int64_t)bh * D;
     for (int i = 0; i < D; i++) o[i] = 0.f;
     for (int j = 0; j < L; j++) {
       const float *vj = v_cache + ((int64_t)bt[j / page] * page + j % page) * row + (int64_t)g * D;
-      float p = scores[j] / sum;
+      float p = scores[j] * inv;
+#pragma omp simd
       for (int i = 0; i < D; i++) o[i] += p * vj[i];
     }
-    free(scores);
+    if (scores != sbuf) free(scores);
   }
 }
 
