@@ -15,6 +15,8 @@
  *   products do), and each block's dot product is an integer dot product.
  */
 #include <math.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -208,6 +210,38 @@ static inline void dot_q4_x4(const block_q4 *w, int nb, const int8_t *xq, const 
 }
 #endif
 
+/* Output rows [n0, n1) of y = xq . w^T (+ bias): the work of one thread's tile. */
+static void qgemm_rows(int kind, const int8_t *xq, const float *xd, const float *xs, int M, int K,
+                       const void *w, const float *bias, int n0, int n1, float *y,
+                       int64_t y_stride) {
+  int nb = K / QK;
+  const block_q4 *w4 = (const block_q4 *)w;
+  const block_q8 *w8 = (const block_q8 *)w;
+  int n = n0;
+#ifdef __AVX2__
+  if (kind == 4) {
+    for (; n + 4 <= n1; n += 4) {
+      for (int m = 0; m < M; m++) {
+        float v[4];
+        dot_q4_x4(w4 + (int64_t)n * nb, nb, xq + (int64_t)m * K, xd + (int64_t)m * nb,
+                  xs + (int64_t)m * nb, v);
+        for (int r = 0; r < 4; r++)
+          y[(int64_t)m * y_stride + n + r] = bias ? v[r] + bias[n + r] : v[r];
+      }
+    }
+  }
+#endif
+  for (; n < n1; n++) {
+    for (int m = 0; m < M; m++) {
+      float v = kind == 4 ? dot_q4(w4 + (int64_t)n * nb, xq + (int64_t)m * K,
+                                   xd + (int64_t)m * nb, xs + (int64_t)m * nb, nb)
+                          : dot_q8(w8 + (int64_t)n * nb, xq + (int64_t)m * K,
+                                   xd + (int64_t)m * nb, nb);
+      y[(int64_t)m * y_stride + n] = bias ? v + bias[n] : v;
+    }
+  }
+}
+
 /* y[m, n] = x[m] . w[n] (+ bias[n]) for x [M, K] float32 (row stride x_stride).
  * kind 4: w = [N, K/32] block_q4; kind 8: w = [N, K/32] block_q8. y rows have stride y_stride. */
 void infer_qgemm(int kind, const float *x, int64_t x_stride, int M, int K, int silu_mul,
@@ -217,37 +251,11 @@ void infer_qgemm(int kind, const float *x, int64_t x_stride, int M, int K, int s
   float *xd = (float *)malloc(sizeof(float) * (size_t)M * nb);
   float *xs = (float *)malloc(sizeof(float) * (size_t)M * nb);
   quantize_rows(x, x_stride, M, K, silu_mul, xq, xd, xs);
-  const block_q4 *w4 = (const block_q4 *)w;
-  const block_q8 *w8 = (const block_q8 *)w;
   /* Split the output rows across threads in tiles of 16 (a weight row is reused by every
    * activation row while it is in cache). */
 #pragma omp parallel for num_threads(g_threads) schedule(static)
-  for (int n0 = 0; n0 < N; n0 += 16) {
-    int n1 = n0 + 16 < N ? n0 + 16 : N;
-    int n = n0;
-#ifdef __AVX2__
-    if (kind == 4) {
-      for (; n + 4 <= n1; n += 4) {
-        for (int m = 0; m < M; m++) {
-          float v[4];
-          dot_q4_x4(w4 + (int64_t)n * nb, nb, xq + (int64_t)m * K, xd + (int64_t)m * nb,
-                    xs + (int64_t)m * nb, v);
-          for (int r = 0; r < 4; r++)
-            y[(int64_t)m * y_stride + n + r] = bias ? v[r] + bias[n + r] : v[r];
-        }
-      }
-    }
-#endif
-    for (; n < n1; n++) {
-      for (int m = 0; m < M; m++) {
-        float v = kind == 4 ? dot_q4(w4 + (int64_t)n * nb, xq + (int64_t)m * K,
-                                     xd + (int64_t)m * nb, xs + (int64_t)m * nb, nb)
-                            : dot_q8(w8 + (int64_t)n * nb, xq + (int64_t)m * K,
-                                     xd + (int64_t)m * nb, nb);
-        y[(int64_t)m * y_stride + n] = bias ? v + bias[n] : v;
-      }
-    }
-  }
+  for (int n0 = 0; n0 < N; n0 += 16)
+    qgemm_rows(kind, xq, xd, xs, M, K, w, bias, n0, n0 + 16 < N ? n0 + 16 : N, y, y_stride);
   free(xq);
   free(xd);
   free(xs);
@@ -312,26 +320,29 @@ void infer_q8f_gemm(const float *x, int64_t x_stride, int M, int K, const void *
   }
 }
 
+/* o = w * src / sqrt(mean(src^2) + eps) for one row. */
+static void rms_row(const float *src, const float *w, float *o, int dim, float eps) {
+  float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+  for (int j = 0; j < dim; j++) ss += src[j] * src[j];
+  float inv = 1.f / sqrtf(ss / (float)dim + eps);
+  for (int j = 0; j < dim; j++) o[j] = w[j] * (src[j] * inv);
+}
+
 /* out = w * x / sqrt(mean(x^2) + eps) per row; with residual != NULL first x += residual and the
  * sum is written to res_out (the fused residual add of a pre-norm block). */
 void infer_rms_norm(const float *x, int64_t x_stride, const float *residual, int64_t r_stride,
                     float *res_out, const float *w, float *out, int rows, int dim, float eps) {
 #pragma omp parallel for num_threads(rows >= 4 ? g_threads : 1) schedule(static)
   for (int r = 0; r < rows; r++) {
-    const float *xr = x + (int64_t)r * x_stride;
-    float *o = out + (int64_t)r * dim;
-    const float *src = xr;
+    const float *src = x + (int64_t)r * x_stride;
     if (residual) {
-      float *h = res_out + (int64_t)r * dim;
+      float *hr = res_out + (int64_t)r * dim;
       const float *rr = residual + (int64_t)r * r_stride;
-      for (int j = 0; j < dim; j++) h[j] = xr[j] + rr[j];
-      src = h;
+      for (int j = 0; j < dim; j++) hr[j] = src[j] + rr[j];
+      src = hr;
     }
-    float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-    for (int j = 0; j < dim; j++) ss += src[j] * src[j];
-    float inv = 1.f / sqrtf(ss / (float)dim + eps);
-    for (int j = 0; j < dim; j++) o[j] = w[j] * (src[j] * inv);
+    rms_row(src, w, out + (int64_t)r * dim, dim, eps);
   }
 }
 
@@ -397,6 +408,40 @@ static float exp_minus_max(float *s, int n, float mx) {
   return sum;
 }
 
+/* One (sequence, query head) of decode attention: out[bh] = softmax(q k^T * scale) v over the
+ * sequence's pages. */
+static void attend_one(int bh, const float *q, int64_t q_stride, const float *k_cache,
+                       const float *v_cache, const int32_t *block_tables, int64_t bt_stride,
+                       const int32_t *seq_lens, float *out, int H, int Hkv, int D, int page,
+                       float scale) {
+  int64_t row = (int64_t)Hkv * D;
+  int group = H / Hkv;
+  int b = bh / H, h = bh % H, g = h / group, L = seq_lens[b];
+  const float *qv = q + b * q_stride + (int64_t)h * D;
+  const int32_t *bt = block_tables + b * bt_stride;
+  float sbuf[2048];
+  float *scores = L <= 2048 ? sbuf : (float *)malloc(sizeof(float) * (size_t)L);
+  float mx = -INFINITY;
+  for (int j = 0; j < L; j++) {
+    const float *kj = k_cache + ((int64_t)bt[j / page] * page + j % page) * row + (int64_t)g * D;
+    float sdot = 0.f;
+#pragma omp simd reduction(+ : sdot)
+    for (int i = 0; i < D; i++) sdot += qv[i] * kj[i];
+    scores[j] = sdot * scale;
+    mx = scores[j] > mx ? scores[j] : mx;
+  }
+  float inv = 1.f / exp_minus_max(scores, L, mx);
+  float *o = out + (int64_t)bh * D;
+  for (int i = 0; i < D; i++) o[i] = 0.f;
+  for (int j = 0; j < L; j++) {
+    const float *vj = v_cache + ((int64_t)bt[j / page] * page + j % page) * row + (int64_t)g * D;
+    float p = scores[j] * inv;
+#pragma omp simd
+    for (int i = 0; i < D; i++) o[i] += p * vj[i];
+  }
+  if (scores != sbuf) free(scores);
+}
+
 /* Decode attention over a paged float32 cache, one query per sequence, after writing the new k/v.
  *   q [B, H, D] (row stride q_stride), k/v new [B, Hkv, D] (row strides k_stride, v_stride),
  *   caches [pages, page, Hkv, D], slots [B] (where the new k/v go), block_tables [B, bt_stride]
@@ -411,35 +456,10 @@ void infer_paged_decode(const float *q, int64_t q_stride, const float *k, int64_
     memcpy(k_cache + slots[b] * row, k + b * k_stride, sizeof(float) * (size_t)row);
     memcpy(v_cache + slots[b] * row, v + b * v_stride, sizeof(float) * (size_t)row);
   }
-  int group = H / Hkv;
 #pragma omp parallel for num_threads(B * H >= 4 ? g_threads : 1) schedule(static)
-  for (int bh = 0; bh < B * H; bh++) {
-    int b = bh / H, h = bh % H, g = h / group, L = seq_lens[b];
-    const float *qv = q + b * q_stride + (int64_t)h * D;
-    const int32_t *bt = block_tables + b * bt_stride;
-    float sbuf[2048];
-    float *scores = L <= 2048 ? sbuf : (float *)malloc(sizeof(float) * (size_t)L);
-    float mx = -INFINITY;
-    for (int j = 0; j < L; j++) {
-      const float *kj = k_cache + ((int64_t)bt[j / page] * page + j % page) * row + (int64_t)g * D;
-      float sdot = 0.f;
-#pragma omp simd reduction(+ : sdot)
-      for (int i = 0; i < D; i++) sdot += qv[i] * kj[i];
-      scores[j] = sdot * scale;
-      mx = scores[j] > mx ? scores[j] : mx;
-    }
-    float sum = exp_minus_max(scores, L, mx);
-    float inv = 1.f / sum;
-    float *o = out + (int64_t)bh * D;
-    for (int i = 0; i < D; i++) o[i] = 0.f;
-    for (int j = 0; j < L; j++) {
-      const float *vj = v_cache + ((int64_t)bt[j / page] * page + j % page) * row + (int64_t)g * D;
-      float p = scores[j] * inv;
-#pragma omp simd
-      for (int i = 0; i < D; i++) o[i] += p * vj[i];
-    }
-    if (scores != sbuf) free(scores);
-  }
+  for (int bh = 0; bh < B * H; bh++)
+    attend_one(bh, q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, H, Hkv,
+               D, page, scale);
 }
 
 /* ---- A whole decode step of a Llama-family decoder stack in one call (the CPU graph runner) ----
@@ -455,36 +475,126 @@ typedef struct {
   float *k_cache, *v_cache; /* [pages, page, Hkv, D] */
 } infer_layer;
 
+/* A barrier for the threads of one parallel region: spin briefly (the other thread is usually
+ * microseconds behind), then yield the core (on shared machines the peer may be descheduled). */
+typedef struct {
+  atomic_int arrived, phase;
+  int n;
+} spin_barrier;
+
+static void spin_wait(spin_barrier *b) {
+  if (b->n <= 1) return;
+  int ph = atomic_load_explicit(&b->phase, memory_order_acquire);
+  if (atomic_fetch_add_explicit(&b->arrived, 1, memory_order_acq_rel) == b->n - 1) {
+    atomic_store_explicit(&b->arrived, 0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&b->phase, 1, memory_order_release);
+    return;
+  }
+  for (int spins = 0; atomic_load_explicit(&b->phase, memory_order_acquire) == ph; spins++) {
+    if (spins < 4000) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    } else {
+      sched_yield();
+    }
+  }
+}
+
+/* This thread's share [n0, n1) of N output rows, in tiles of 16. */
+static void share(int N, int tid, int nt, int *n0, int *n1) {
+  int tiles = (N + 15) / 16, per = (tiles + nt - 1) / nt;
+  *n0 = tid * per * 16 < N ? tid * per * 16 : N;
+  *n1 = (tid + 1) * per * 16 < N ? (tid + 1) * per * 16 : N;
+}
+
+/* The threads stay in one parallel region for the whole step and meet at five or six spin
+ * barriers per layer (one per GEMM, attention, and the thread-0 rotary/KV write); the small
+ * row-wise work (norms, activation quantization, SiLU) is repeated by every thread on private
+ * buffers rather than synchronised. Every output is computed by the same functions as the
+ * per-op path, in the same order, so the two paths agree exactly. */
 void infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int B, int hidden,
                          int H, int Hkv, int D, int inter, float eps, const int64_t *pos,
                          const float *cos_sin, int rot_dim, const int64_t *slots,
                          const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
                          int page, float scale) {
-  int qkv_w = (H + 2 * Hkv) * D;
-  float *x = (float *)malloc(sizeof(float) * (size_t)B * hidden);
+  int qkv_w = (H + 2 * Hkv) * D, att_w = H * D;
+  int kmax = hidden > att_w ? hidden : att_w;
+  kmax = kmax > inter ? kmax : inter;
   float *qkv = (float *)malloc(sizeof(float) * (size_t)B * qkv_w);
-  float *att = (float *)malloc(sizeof(float) * (size_t)B * H * D);
-  float *tmp = (float *)malloc(sizeof(float) * (size_t)B * (hidden > 2 * inter ? hidden : 2 * inter));
-  float *res = (float *)malloc(sizeof(float) * (size_t)B * hidden);
-  for (int l = 0; l < n_layers; l++) {
-    const infer_layer *L = layers + l;
-    infer_rms_norm(h, hidden, NULL, 0, NULL, L->in_norm, x, B, hidden, eps);
-    infer_qgemm(L->kind_qkv, x, hidden, B, hidden, 0, L->wqkv, L->bqkv, qkv_w, qkv, qkv_w);
-    infer_rope(pos, qkv, qkv_w, H, qkv + (int64_t)H * D, qkv_w, Hkv, B, D, rot_dim, cos_sin);
-    infer_paged_decode(qkv, qkv_w, qkv + (int64_t)H * D, qkv_w, qkv + (int64_t)(H + Hkv) * D,
-                       qkv_w, L->k_cache, L->v_cache, slots, block_tables, bt_stride, seq_lens,
-                       att, B, H, Hkv, D, page, scale);
-    infer_qgemm(L->kind_o, att, (int64_t)H * D, B, H * D, 0, L->wo, NULL, hidden, tmp, hidden);
-    /* h <- h + o ; x = norm(h) */
-    infer_rms_norm(tmp, hidden, h, hidden, res, L->post_norm, x, B, hidden, eps);
-    memcpy(h, res, sizeof(float) * (size_t)B * hidden);
-    infer_qgemm(L->kind_gu, x, hidden, B, hidden, 0, L->wgu, NULL, 2 * inter, tmp, 2 * inter);
-    infer_qgemm(L->kind_down, tmp, 2 * inter, B, inter, 1, L->wdown, NULL, hidden, x, hidden);
-    for (int64_t i = 0; i < (int64_t)B * hidden; i++) h[i] += x[i];
+  float *att = (float *)malloc(sizeof(float) * (size_t)B * att_w);
+  float *o = (float *)malloc(sizeof(float) * (size_t)B * hidden);
+  float *gu = (float *)malloc(sizeof(float) * (size_t)B * 2 * inter);
+  spin_barrier bar;
+  atomic_init(&bar.arrived, 0);
+  atomic_init(&bar.phase, 0);
+  bar.n = 1;
+#pragma omp parallel num_threads(g_threads)
+  {
+    int nt = 1, tid = 0;
+#ifdef _OPENMP
+    nt = omp_get_num_threads();
+    tid = omp_get_thread_num();
+#endif
+#pragma omp single
+    bar.n = nt; /* the implied barrier publishes it */
+    float *x = (float *)malloc(sizeof(float) * (size_t)B * hidden);
+    float *res = (float *)malloc(sizeof(float) * (size_t)B * hidden);
+    float *dn = (float *)malloc(sizeof(float) * (size_t)B * hidden);
+    int8_t *xq = (int8_t *)malloc((size_t)B * kmax);
+    float *xd = (float *)malloc(sizeof(float) * (size_t)B * (kmax / QK));
+    float *xs = (float *)malloc(sizeof(float) * (size_t)B * (kmax / QK));
+    int n0, n1;
+    int64_t row = (int64_t)Hkv * D;
+    for (int l = 0; l < n_layers; l++) {
+      const infer_layer *L = layers + l;
+      for (int m = 0; m < B; m++) rms_row(h + (int64_t)m * hidden, L->in_norm, x + (int64_t)m * hidden, hidden, eps);
+      quantize_rows(x, hidden, B, hidden, 0, xq, xd, xs);
+      share(qkv_w, tid, nt, &n0, &n1);
+      qgemm_rows(L->kind_qkv, xq, xd, xs, B, hidden, L->wqkv, L->bqkv, n0, n1, qkv, qkv_w);
+      spin_wait(&bar);
+      if (tid == 0) {
+        infer_rope(pos, qkv, qkv_w, H, qkv + (int64_t)H * D, qkv_w, Hkv, B, D, rot_dim, cos_sin);
+        for (int b = 0; b < B; b++) {
+          memcpy(L->k_cache + slots[b] * row, qkv + (int64_t)b * qkv_w + (int64_t)H * D, sizeof(float) * (size_t)row);
+          memcpy(L->v_cache + slots[b] * row, qkv + (int64_t)b * qkv_w + (int64_t)(H + Hkv) * D, sizeof(float) * (size_t)row);
+        }
+      }
+      spin_wait(&bar);
+      for (int bh = tid; bh < B * H; bh += nt)
+        attend_one(bh, qkv, qkv_w, L->k_cache, L->v_cache, block_tables, bt_stride, seq_lens, att,
+                   H, Hkv, D, page, scale);
+      spin_wait(&bar);
+      quantize_rows(att, att_w, B, att_w, 0, xq, xd, xs);
+      share(hidden, tid, nt, &n0, &n1);
+      qgemm_rows(L->kind_o, xq, xd, xs, B, att_w, L->wo, NULL, n0, n1, o, hidden);
+      spin_wait(&bar);
+      for (int m = 0; m < B; m++) { /* res = o + h, x = norm(res): the fused add + RMSNorm */
+        const float *om = o + (int64_t)m * hidden, *hm = h + (int64_t)m * hidden;
+        float *rm = res + (int64_t)m * hidden;
+        for (int j = 0; j < hidden; j++) rm[j] = om[j] + hm[j];
+        rms_row(rm, L->post_norm, x + (int64_t)m * hidden, hidden, eps);
+      }
+      quantize_rows(x, hidden, B, hidden, 0, xq, xd, xs);
+      share(2 * inter, tid, nt, &n0, &n1);
+      qgemm_rows(L->kind_gu, xq, xd, xs, B, hidden, L->wgu, NULL, n0, n1, gu, 2 * inter);
+      spin_wait(&bar);
+      quantize_rows(gu, 2 * inter, B, inter, 1, xq, xd, xs);
+      share(hidden, tid, nt, &n0, &n1);
+      qgemm_rows(L->kind_down, xq, xd, xs, B, inter, L->wdown, NULL, n0, n1, dn, hidden);
+      for (int m = 0; m < B; m++) /* this thread's columns of h <- res + down */
+        for (int j = n0; j < n1; j++) h[(int64_t)m * hidden + j] = res[(int64_t)m * hidden + j] + dn[(int64_t)m * hidden + j];
+      spin_wait(&bar);
+    }
+    free(x);
+    free(res);
+    free(dn);
+    free(xq);
+    free(xd);
+    free(xs);
   }
-  free(x);
   free(qkv);
   free(att);
-  free(tmp);
-  free(res);
+  free(o);
+  free(gu);
 }
