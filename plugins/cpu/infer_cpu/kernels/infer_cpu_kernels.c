@@ -501,6 +501,28 @@ static void spin_wait(spin_barrier *b) {
   }
 }
 
+/* Activation rows -> q8 blocks for the GEMM that follows. Few rows: every thread quantizes all
+ * of them into its own buffers (no barrier). Four or more: the rows are split across the
+ * threads into shared buffers, then a barrier. Returns the buffers to use. */
+typedef struct {
+  int8_t *q;
+  float *d, *s;
+} q8_rows;
+
+static q8_rows quantize_team(const float *x, int64_t x_stride, int M, int K, int silu_mul,
+                             q8_rows mine, q8_rows shared, int tid, int nt, spin_barrier *bar) {
+  if (M < 4 || nt == 1) {
+    quantize_rows(x, x_stride, M, K, silu_mul, mine.q, mine.d, mine.s);
+    return mine;
+  }
+  int nb = K / QK;
+  for (int m = tid; m < M; m += nt)
+    quantize_rows(x + (int64_t)m * x_stride, x_stride, 1, K, silu_mul, shared.q + (int64_t)m * K,
+                  shared.d + (int64_t)m * nb, shared.s + (int64_t)m * nb);
+  spin_wait(bar);
+  return shared;
+}
+
 /* This thread's share [n0, n1) of N output rows, in tiles of 16. */
 static void share(int N, int tid, int nt, int *n0, int *n1) {
   int tiles = (N + 15) / 16, per = (tiles + nt - 1) / nt;
@@ -525,6 +547,8 @@ void infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int 
   float *att = (float *)malloc(sizeof(float) * (size_t)B * att_w);
   float *o = (float *)malloc(sizeof(float) * (size_t)B * hidden);
   float *gu = (float *)malloc(sizeof(float) * (size_t)B * 2 * inter);
+  q8_rows sq = {(int8_t *)malloc((size_t)B * kmax), (float *)malloc(sizeof(float) * (size_t)B * (kmax / QK)),
+                (float *)malloc(sizeof(float) * (size_t)B * (kmax / QK))};
   spin_barrier bar;
   atomic_init(&bar.arrived, 0);
   atomic_init(&bar.phase, 0);
@@ -541,17 +565,16 @@ void infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int 
     float *x = (float *)malloc(sizeof(float) * (size_t)B * hidden);
     float *res = (float *)malloc(sizeof(float) * (size_t)B * hidden);
     float *dn = (float *)malloc(sizeof(float) * (size_t)B * hidden);
-    int8_t *xq = (int8_t *)malloc((size_t)B * kmax);
-    float *xd = (float *)malloc(sizeof(float) * (size_t)B * (kmax / QK));
-    float *xs = (float *)malloc(sizeof(float) * (size_t)B * (kmax / QK));
+    q8_rows mine = {(int8_t *)malloc((size_t)B * kmax), (float *)malloc(sizeof(float) * (size_t)B * (kmax / QK)),
+                    (float *)malloc(sizeof(float) * (size_t)B * (kmax / QK))}, a;
     int n0, n1;
     int64_t row = (int64_t)Hkv * D;
     for (int l = 0; l < n_layers; l++) {
       const infer_layer *L = layers + l;
       for (int m = 0; m < B; m++) rms_row(h + (int64_t)m * hidden, L->in_norm, x + (int64_t)m * hidden, hidden, eps);
-      quantize_rows(x, hidden, B, hidden, 0, xq, xd, xs);
+      a = quantize_team(x, hidden, B, hidden, 0, mine, sq, tid, nt, &bar);
       share(qkv_w, tid, nt, &n0, &n1);
-      qgemm_rows(L->kind_qkv, xq, xd, xs, B, hidden, L->wqkv, L->bqkv, n0, n1, qkv, qkv_w);
+      qgemm_rows(L->kind_qkv, a.q, a.d, a.s, B, hidden, L->wqkv, L->bqkv, n0, n1, qkv, qkv_w);
       spin_wait(&bar);
       if (tid == 0) {
         infer_rope(pos, qkv, qkv_w, H, qkv + (int64_t)H * D, qkv_w, Hkv, B, D, rot_dim, cos_sin);
@@ -565,9 +588,9 @@ void infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int 
         attend_one(bh, qkv, qkv_w, L->k_cache, L->v_cache, block_tables, bt_stride, seq_lens, att,
                    H, Hkv, D, page, scale);
       spin_wait(&bar);
-      quantize_rows(att, att_w, B, att_w, 0, xq, xd, xs);
+      a = quantize_team(att, att_w, B, att_w, 0, mine, sq, tid, nt, &bar);
       share(hidden, tid, nt, &n0, &n1);
-      qgemm_rows(L->kind_o, xq, xd, xs, B, att_w, L->wo, NULL, n0, n1, o, hidden);
+      qgemm_rows(L->kind_o, a.q, a.d, a.s, B, att_w, L->wo, NULL, n0, n1, o, hidden);
       spin_wait(&bar);
       for (int m = 0; m < B; m++) { /* res = o + h, x = norm(res): the fused add + RMSNorm */
         const float *om = o + (int64_t)m * hidden, *hm = h + (int64_t)m * hidden;
@@ -575,13 +598,13 @@ void infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int 
         for (int j = 0; j < hidden; j++) rm[j] = om[j] + hm[j];
         rms_row(rm, L->post_norm, x + (int64_t)m * hidden, hidden, eps);
       }
-      quantize_rows(x, hidden, B, hidden, 0, xq, xd, xs);
+      a = quantize_team(x, hidden, B, hidden, 0, mine, sq, tid, nt, &bar);
       share(2 * inter, tid, nt, &n0, &n1);
-      qgemm_rows(L->kind_gu, xq, xd, xs, B, hidden, L->wgu, NULL, n0, n1, gu, 2 * inter);
+      qgemm_rows(L->kind_gu, a.q, a.d, a.s, B, hidden, L->wgu, NULL, n0, n1, gu, 2 * inter);
       spin_wait(&bar);
-      quantize_rows(gu, 2 * inter, B, inter, 1, xq, xd, xs);
+      a = quantize_team(gu, 2 * inter, B, inter, 1, mine, sq, tid, nt, &bar);
       share(hidden, tid, nt, &n0, &n1);
-      qgemm_rows(L->kind_down, xq, xd, xs, B, inter, L->wdown, NULL, n0, n1, dn, hidden);
+      qgemm_rows(L->kind_down, a.q, a.d, a.s, B, inter, L->wdown, NULL, n0, n1, dn, hidden);
       for (int m = 0; m < B; m++) /* this thread's columns of h <- res + down */
         for (int j = n0; j < n1; j++) h[(int64_t)m * hidden + j] = res[(int64_t)m * hidden + j] + dn[(int64_t)m * hidden + j];
       spin_wait(&bar);
@@ -589,10 +612,13 @@ void infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int 
     free(x);
     free(res);
     free(dn);
-    free(xq);
-    free(xd);
-    free(xs);
+    free(mine.q);
+    free(mine.d);
+    free(mine.s);
   }
+  free(sq.q);
+  free(sq.d);
+  free(sq.s);
   free(qkv);
   free(att);
   free(o);
