@@ -207,6 +207,9 @@ def render_rich(report: dict[str, Any]) -> None:
         console.print(f"Active platform: [bold]{active['platform']}[/bold], generation "
                       f"[bold]{active['generation']}[/bold] (torch device "
                       f"{active['torch_device']}, distributed backend {active['dist_backend']})")
+        details = report["devices"].get(active["platform"], {}).get("details") or {}
+        for key, value in details.items():
+            console.print(f"  {key.replace('_', ' ')}: {value}")
 
     for name, gens in report["matrix"].items():
         for gen, rows in gens.items():

@@ -7,6 +7,8 @@ import platform as _pyplatform
 
 from infer.core.platform import DeviceInfo, Platform, ProbeResult
 
+from infer_cpu import native_build
+
 
 def _cpu_flags() -> set[str]:
     try:
@@ -56,7 +58,8 @@ def probe() -> ProbeResult:
     gen = cpu_generation()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     info = DeviceInfo(kind="cpu", generation=gen, name=_cpu_name(), memory_bytes=_memory_bytes(),
-                      count=1, details={"cores": cores or 1})
+                      count=1, details={"cores": cores or 1,
+                                        "native_kernels": native_build.describe()})
     return ProbeResult(platform="cpu", found=True, device=info, is_accelerator=False)
 
 

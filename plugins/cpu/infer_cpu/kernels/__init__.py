@@ -14,23 +14,17 @@ input it was not written for.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+from infer_cpu.native_build import build, compiler
+
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("infer_cpu_kernels.c")
-FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-march=native"], ["-O3"])
 _lock = threading.Lock()
 _state: dict[str, object] = {}
 
@@ -51,47 +45,6 @@ _SIGNATURES = {
 }
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("INFER_CACHE_DIR") or Path.home() / ".cache" / "infer") / "kernels"
-
-
-def _cpu_id() -> str:
-    """What -march=native depends on: the CPU model and its feature flags."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))][:2]
-        return "\n".join(lines)
-    except OSError:
-        return platform.processor() or platform.machine()
-
-
-def _compiler() -> str | None:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return name
-    return None
-
-
-def _build(cc: str) -> tuple[Path, list[str]]:
-    src = SOURCE.read_bytes()
-    errors = []
-    for flags in FLAG_SETS:
-        key = hashlib.sha256(src + " ".join([cc, *flags]).encode() + _cpu_id().encode()).hexdigest()[:16]
-        out = _cache_dir() / key / "libinfer_cpu_kernels.so"
-        if out.exists():
-            return out, flags
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-            tmp_out = Path(tmp) / out.name
-            cmd = [cc, *flags, "-shared", "-fPIC", "-o", str(tmp_out), str(SOURCE), "-lm"]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode == 0:
-                os.replace(tmp_out, out)  # atomic: concurrent builders agree on the result
-                return out, flags
-            errors.append(f"{' '.join(cmd)}: {proc.stderr.strip()[-500:]}")
-    raise RuntimeError("; ".join(errors))
-
-
 @dataclass
 class Status:
     available: bool
@@ -106,11 +59,11 @@ def load() -> ctypes.CDLL | None:
         lib, detail = None, ""
         if os.environ.get("INFER_CPU_KERNELS", "1") in ("0", "false", "off"):
             detail = "disabled by INFER_CPU_KERNELS=0"
-        elif (cc := _compiler()) is None:
+        elif (cc := compiler()) is None:
             detail = "no C compiler (cc/gcc/clang) on PATH; using plain-torch ops"
         else:
             try:
-                path, flags = _build(cc)
+                path, flags = build(cc)
                 lib = ctypes.CDLL(str(path))
                 for name, argtypes in _SIGNATURES.items():
                     fn = getattr(lib, name)
