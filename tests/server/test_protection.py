@@ -70,17 +70,29 @@ def test_request_log(guarded):
 
 
 def test_queue_full_gets_503_with_retry_after(guarded):
+    """One request running (--max-running-requests 1), then three at once: the queue
+    (--max-queued-requests 1) takes exactly one of them, the other two get 503 + Retry-After."""
     async def run():
         async with httpx.AsyncClient(base_url=guarded.url, headers=AUTH, timeout=120) as c:
-            body = {"prompt": "busy", "max_tokens": 60, "ignore_eos": True}
-            return await asyncio.gather(*(c.post("/v1/completions", json=body) for _ in range(6)))
+            long = asyncio.create_task(c.post("/v1/completions", json={
+                "prompt": "busy", "max_tokens": 400, "ignore_eos": True}))
+            for _ in range(2000):
+                await asyncio.sleep(0.005)
+                info = await c.get("/get_server_info", headers={"Authorization": f"Bearer {ADMIN}"})
+                if info.json()["engine"]["running"]:
+                    break
+            assert not long.done(), "the long request finished before the queue could fill"
+            body = {"prompt": "wait", "max_tokens": 4, "ignore_eos": True}
+            burst = await asyncio.gather(*(c.post("/v1/completions", json=body) for _ in range(3)))
+            return await long, burst
 
-    results = asyncio.run(run())
+    first, results = asyncio.run(run())
+    assert first.status_code == 200
     codes = sorted(r.status_code for r in results)
-    assert codes.count(200) >= 2 and 503 in codes, codes
-    busy = next(r for r in results if r.status_code == 503)
-    assert busy.headers["retry-after"] == "1"
-    assert "max-queued-requests" in busy.json()["error"]["message"]
+    assert codes == [200, 503, 503], codes
+    for busy in (r for r in results if r.status_code == 503):
+        assert busy.headers["retry-after"] == "1"
+        assert "max-queued-requests" in busy.json()["error"]["message"]
 
 
 def test_sigterm_drains_running_requests(guarded):
