@@ -19,10 +19,12 @@ def kernel_mode(request, monkeypatch) -> str:
 
 
 def _greedy(core, prompts, n):
-    """Greedy continuations of ``prompts`` (token id lists) through an EngineCore, batched."""
+    """Greedy continuations of ``prompts`` (token id lists) through an EngineCore, batched;
+    ``n`` new tokens each, or a list with one count per prompt."""
     outs = {}
-    for i, p in enumerate(prompts):
-        core.add_request(core.make_request(f"r{i}", p, {"max_new_tokens": n, "temperature": 0.0,
+    counts = n if isinstance(n, list) else [n] * len(prompts)
+    for i, (p, k) in enumerate(zip(prompts, counts, strict=True)):
+        core.add_request(core.make_request(f"r{i}", p, {"max_new_tokens": k, "temperature": 0.0,
                                                         "ignore_eos": True}))
     while core.has_work():
         for o in core.step():

@@ -18,7 +18,11 @@ def test_graph_matches_per_op_path_on_the_default_model(greedy):
     from infer.core.model.loader.default_model import ensure_default_model
 
     path = str(ensure_default_model(quiet=True))
-    prompts = [list(range(200, 240)), list(range(300, 307)), list(range(500, 519))]
+    # five sequences, two of which stop early: decode batches of 5, 4 and 3 rows cover both the
+    # shared (4+ rows) and the per-thread activation quantization of the graph
+    prompts = [list(range(200, 240)), list(range(300, 307)), list(range(500, 519)),
+               list(range(700, 712)), list(range(900, 933))]
+    counts = [16, 16, 16, 9, 5]
     graph = EngineCore(ServerArgs(model_path=path, page_size=4))
     runner = graph.runner.graph_runner
     assert runner is not None and runner.ok, getattr(runner, "reason", None)
@@ -30,12 +34,12 @@ def test_graph_matches_per_op_path_on_the_default_model(greedy):
         return run(batch)
 
     runner.run = counted
-    got = greedy(graph, prompts, 16)
+    got = greedy(graph, prompts, counts)
     assert calls["n"] >= 15  # the decode steps went through the graph
     del graph
     eager = EngineCore(ServerArgs(model_path=path, page_size=4, disable_cuda_graph=True))
     assert eager.runner.graph_runner is None
-    assert greedy(eager, prompts, 16) == got
+    assert greedy(eager, prompts, counts) == got
 
 
 def test_dense_model_is_left_to_the_per_op_path(tmp_path, greedy):
