@@ -6,6 +6,10 @@ hooks below with ``@hookimpl``. Hooks run once, at start-up: they hand the core 
 platform factories, backend classes) that the hot loop then calls directly. Each ``register_*``
 hook receives a ``register`` callback; call it once per thing contributed. Hooks are called with
 keyword arguments, and an implementation may accept any subset of them (pluggy's rule).
+
+The factories of attention backends, linear methods, MoE runners, communicators and graph runners
+(and a layer op's ``fn``) may be given as ``"module:attr"`` strings: they are imported only when
+picked (``infer.core.plugins.load_target``), which keeps registration free of heavy imports.
 """
 
 from __future__ import annotations

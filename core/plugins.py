@@ -6,6 +6,7 @@ probe raises is recorded in ``PluginHost.failures`` with the reason, for ``infer
 
 from __future__ import annotations
 
+import importlib
 import os
 import traceback
 from collections.abc import Callable
@@ -45,6 +46,15 @@ class Contribution:
         return self.platforms is None or platform in self.platforms
 
 
+def load_target(target: Any) -> Any:
+    """``target`` itself, or for a ``"module:attr"`` string the attribute, imported now. Plugins
+    register such strings so that registering stays free of heavy imports (torch, kernels)."""
+    if isinstance(target, str):
+        module, _, attr = target.partition(":")
+        return getattr(importlib.import_module(module), attr)
+    return target
+
+
 @dataclass
 class PlatformSpec:
     name: str
@@ -68,10 +78,11 @@ class Registries:
 
     @staticmethod
     def pick(table: dict, key: Any, platform: str) -> Any | None:
-        """The factory registered under ``key`` that runs on ``platform`` (last one wins)."""
+        """The factory registered under ``key`` that runs on ``platform`` (last one wins); a
+        ``"module:attr"`` registration is imported here (``load_target``)."""
         for c in reversed(table.get(key, [])):
             if c.runs_on(platform):
-                return c.factory
+                return load_target(c.factory)
         return None
 
     @staticmethod

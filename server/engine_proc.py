@@ -9,7 +9,6 @@ step runs longer than ``--watchdog-timeout``; the HTTP process sees the death an
 from __future__ import annotations
 
 import faulthandler
-import importlib
 import logging
 import os
 import sys
@@ -19,6 +18,7 @@ import traceback
 from typing import Any
 
 import zmq
+from infer.core.plugins import load_target
 from infer.server import ipc
 
 logger = logging.getLogger("infer.engine")
@@ -39,7 +39,7 @@ def run_engine_process(server_args: Any, in_addr: str, out_addr: str,
     push.setsockopt(zmq.LINGER, 2000)
     push.connect(out_addr)
     try:
-        core = _load(core_factory)(server_args)
+        core = load_target(core_factory)(server_args)
         push.send_pyobj(_ready(core, server_args))
     except BaseException as err:  # noqa: BLE001 - reported to the HTTP process, then re-raised
         push.send_pyobj(ipc.Fatal(f"engine failed to start: {err}\n{traceback.format_exc()}"))
@@ -145,11 +145,6 @@ class _EngineLoop:
                 faulthandler.dump_traceback(all_threads=True)
                 sys.stderr.flush()
                 os._exit(3)
-
-
-def _load(path: str) -> Any:
-    module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 def _ready(core: Any, args: Any) -> ipc.Ready:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from infer.core.ops.attention import AttentionBackend, AttentionConfig
 from infer.core.ops.comm import Communicator
-from infer.core.ops.layer_ops import REFERENCE_OPS, LayerOps
+from infer.core.ops.layer_ops import OPS, REFERENCE_OPS, LayerOps
 from infer.core.ops.linear import LinearConfig, LinearMethod
 from infer.core.ops.moe import MoERunner
 from infer.core.platform import Platform
@@ -98,7 +98,8 @@ class ModelContext:
                    quantization=quant_key, linear_method=linear, dense_linear_method=dense,
                    moe_runner_name=moe_name, moe_runner=moe, comm=comm,
                    tp_size=tp_size, tp_rank=tp_rank,
-                   ops=LayerOps.resolve(reg.layer_ops, platform.name))
+                   ops=LayerOps.with_kernels({name: Registries.pick(reg.layer_ops, name, platform.name)
+                                              for name in OPS}))
 
     @classmethod
     def from_server_args(cls, args: Any, *, platform: Platform, host: PluginHost,

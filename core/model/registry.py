@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from infer.core.hookspecs import hookimpl
+from infer.core.plugins import load_target
 
 INFER_API_VERSION = 1
 
@@ -37,9 +38,4 @@ def resolve_model_class(models: dict[str, Any], architecture: str) -> type:
         raise UnknownArchitectureError(
             f"model architecture {architecture!r} is not supported (supported: "
             f"{', '.join(sorted(models)) or 'none'}); a plugin can add it through register_models")
-    if isinstance(target, str):
-        import importlib
-
-        module, _, name = target.partition(":")
-        target = getattr(importlib.import_module(module), name)
-    return target
+    return load_target(target)

@@ -2,12 +2,12 @@
 of a pre-norm block), rotary embedding and the SiLU gate.
 
 The functions here are the plain-torch references. A plugin contributes faster ones through the
-``register_layer_ops`` hook: ``register(name, fn, platforms)`` with ``name`` one of ``OPS`` (``fn`` may be a
-``"module:function"`` string, imported when a model is built). A
-contributed function may return ``None`` for an input it does not handle (a dtype or layout its
-kernel was not written for); the layer then runs the reference, so a plugin's op never has to
-cover every case to be correct. ``LayerOps.resolve`` picks, per op, the last contribution for
-the active platform.
+``register_layer_ops`` hook: ``register(name, fn, platforms)`` with ``name`` one of ``OPS`` (``fn``
+may be a ``"module:function"`` string, imported when a model is built). A contributed function
+may return ``None`` for an input it does not handle (a dtype or layout its kernel was not written
+for); the layer then runs the reference, so a plugin's op never has to cover every case to be
+correct. ``ModelContext.build`` picks, per op, the platform's contribution (``Registries.pick``)
+and ``LayerOps.with_kernels`` wraps it with that fallback.
 
 Signatures (shapes in brackets):
 - ``rms_norm(x [N, d], weight [d], eps, residual [N, d] | None) -> (out [N, d], x + residual | None)``:
@@ -73,17 +73,6 @@ def _with_fallback(fast: Callable[..., Any], ref: Callable[..., Any]) -> Callabl
     return op
 
 
-def _imported(fn: Any) -> Callable[..., Any]:
-    """A function, or a ``"module:function"`` string imported now (plugins register strings so
-    that registration stays free of heavy imports)."""
-    if isinstance(fn, str):
-        import importlib
-
-        module, _, attr = fn.partition(":")
-        return getattr(importlib.import_module(module), attr)
-    return fn
-
-
 @dataclass(frozen=True)
 class LayerOps:
     rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor | None]] = rms_norm_ref
@@ -91,20 +80,11 @@ class LayerOps:
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor] = silu_and_mul_ref
 
     @classmethod
-    def resolve(cls, table: dict[str, list[Any]], platform: str) -> LayerOps:
-        """Per op, the last contribution that runs on ``platform`` (else the reference)."""
-        chosen: dict[str, Callable[..., Any]] = {}
-        for name in OPS:
-            for c in reversed(table.get(name, [])):
-                if c.runs_on(platform):
-                    chosen[name] = _with_fallback(_imported(c.factory), REFERENCE[name])
-                    break
-        return cls(**chosen)
-
-    def names(self) -> dict[str, str]:
-        """op -> implementing function's module (``infer doctor`` / tests)."""
-        return {n: getattr(getattr(getattr(self, n), "__wrapped__", getattr(self, n)), "__module__", "?")
-                for n in OPS}
+    def with_kernels(cls, kernels: dict[str, Callable[..., Any] | None]) -> LayerOps:
+        """Each op from ``kernels`` (falling back to the reference where it returns None), the
+        reference where ``kernels`` has none."""
+        return cls(**{name: _with_fallback(fn, REFERENCE[name])
+                      for name, fn in kernels.items() if fn is not None})
 
 
 REFERENCE_OPS = LayerOps()
