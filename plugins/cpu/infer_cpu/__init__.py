@@ -1,6 +1,7 @@
 """infer-plugin-cpu: the CPU platform. Its ops are the plain-torch references of every op.
 
-This module is the entry point: it imports nothing heavy (torch is imported by the factories).
+This module is the entry point: it imports nothing heavy. Implementations are registered as
+"module:Class" strings, imported (with torch) only when the core picks them.
 """
 
 from __future__ import annotations
@@ -35,77 +36,39 @@ def register_support_matrix(register: Any) -> None:
     register(here / "support.yaml")  # hand-kept: what this plugin implements (wins)
 
 
-def _torch_native_attention(config: Any) -> Any:
-    from infer_cpu.ops.attention import TorchNativeAttention
-
-    return TorchNativeAttention(config)
-
-
-def _dense_linear(config: Any) -> Any:
-    from infer_cpu.ops.linear import DenseLinearMethod
-
-    return DenseLinearMethod(config)
-
-
-def _gguf_linear(config: Any) -> Any:
-    from infer_cpu.quant.methods import GGUFLinearMethod
-
-    return GGUFLinearMethod(config)
-
-
-def _int8_weight_only_linear(config: Any) -> Any:
-    from infer_cpu.quant.methods import Int8WeightOnlyLinearMethod
-
-    return Int8WeightOnlyLinearMethod(config)
-
-
-def _torch_moe() -> Any:
-    from infer_cpu.ops.moe import TorchMoERunner
-
-    return TorchMoERunner()
-
-
-def _gloo(world_size: int, rank: int) -> Any:
-    from infer_cpu.ops.comm import GlooCommunicator
-
-    return GlooCommunicator(world_size, rank)
-
-
 @hookimpl
 def register_attention_backends(register: Any) -> None:
-    register("torch_native", _torch_native_attention, "cpu")
+    register("torch_native", "infer_cpu.ops.attention:TorchNativeAttention", "cpu")
 
 
 @hookimpl
 def register_linear_methods(register: Any) -> None:
-    register(None, _dense_linear, "cpu")
-    register("gguf", _gguf_linear, "cpu")  # GGUF Q4_0/Q4_1/Q8_0 blocks on int4/int8 kernels
-    register("torchao:int8wo", _int8_weight_only_linear, "cpu")  # --torchao-config int8wo
-
-
-def _native_decode_graph(model_runner: Any, server_args: Any) -> Any:
-    from infer_cpu.graph import NativeDecodeGraph
-
-    return NativeDecodeGraph(model_runner, server_args)
+    register(None, "infer_cpu.ops.linear:DenseLinearMethod", "cpu")
+    # GGUF Q4_0/Q4_1/Q8_0 blocks on the native kernels (torch's int4/int8 without them)
+    register("gguf", "infer_cpu.quant.methods:GGUFLinearMethod", "cpu")
+    # --torchao-config int8wo
+    register("torchao:int8wo", "infer_cpu.quant.methods:Int8WeightOnlyLinearMethod", "cpu")
 
 
 @hookimpl
 def register_graph_runners(register: Any) -> None:
-    register("native_decode", _native_decode_graph, "cpu")
+    register("native_decode", "infer_cpu.graph:NativeDecodeGraph", "cpu")
 
 
 @hookimpl
 def register_layer_ops(register: Any) -> None:
-    for name in ("rms_norm", "rotary", "silu_and_mul"):  # native kernels, torch for the rest
-        register(name, f"infer_cpu.ops.layer_ops:{name}", "cpu")
+    # native kernels for float32 inputs they fit; they return None otherwise (torch runs)
+    register("rms_norm", "infer_cpu.kernels:rms_norm", "cpu")
+    register("rotary", "infer_cpu.kernels:rope_", "cpu")
+    register("silu_and_mul", "infer_cpu.kernels:silu_mul", "cpu")
 
 
 @hookimpl
 def register_moe_runners(register: Any) -> None:
-    register("torch", _torch_moe, "cpu")
-    register("auto", _torch_moe, "cpu")
+    register("torch", "infer_cpu.ops.moe:TorchMoERunner", "cpu")
+    register("auto", "infer_cpu.ops.moe:TorchMoERunner", "cpu")
 
 
 @hookimpl
 def register_communicators(register: Any) -> None:
-    register("gloo", _gloo, "cpu")
+    register("gloo", "infer_cpu.ops.comm:GlooCommunicator", "cpu")

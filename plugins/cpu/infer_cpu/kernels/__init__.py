@@ -194,17 +194,18 @@ def _heads_view(t: torch.Tensor) -> bool:
 
 
 def rope_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor,
-          rotary_dim: int) -> bool:
-    """Rotate q [T, H, D] and k [T, Hkv, D] in place; False (nothing done) if it does not fit."""
+          rotary_dim: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Rotate q [T, H, D] and k [T, Hkv, D] in place and return them; None (nothing done) if
+    they do not fit."""
     lib = _lib()
     if (lib is None or not _heads_view(q) or not _heads_view(k) or positions.dtype != torch.int64
             or not positions.is_contiguous() or cos_sin.dtype != torch.float32
             or not cos_sin.is_contiguous() or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]):
-        return False
+        return None
     t, h, d = q.shape
     lib.infer_rope(positions.data_ptr(), q.data_ptr(), q.stride(0), h, k.data_ptr(), k.stride(0),
                    k.shape[1], t, d, rotary_dim, cos_sin.data_ptr())
-    return True
+    return q, k
 
 
 def silu_mul(x: torch.Tensor) -> torch.Tensor | None:
