@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from infer.core.ops import layer_ops as ref
 from infer_cpu import kernels
-from infer_cpu.quant.packing import Q, gguf_qweight, quantize_q8_blocks
+from infer_cpu.quant.packing import Q, QWeight, gguf_qweight, quantize_q8_blocks
 
 pytestmark = pytest.mark.skipif(kernels.load() is None,
                                 reason=f"native kernels unavailable: {kernels.status().detail}")
@@ -19,7 +19,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def _gguf(n: int, k: int, qtype: Q, seed: int) -> tuple[torch.Tensor, kernels.QWeight]:
+def _gguf(n: int, k: int, qtype: Q, seed: int) -> tuple[torch.Tensor, QWeight]:
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
     raw = gguf.quants.quantize(w.numpy(), qtype)
     exact = torch.from_numpy(gguf.quants.dequantize(raw, qtype)).reshape(n, k)

@@ -18,10 +18,14 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from infer_cpu.native_build import build, compiler
+
+if TYPE_CHECKING:
+    from infer_cpu.quant.packing import QWeight
 
 logger = logging.getLogger(__name__)
 
@@ -105,35 +109,7 @@ def _f32_rows(t: torch.Tensor) -> bool:
     return t.dtype is _F32 and t.dim() == 2 and t.stride(1) == 1 and not t.is_cuda
 
 
-# -- quantized weights ---------------------------------------------------------------------------
-
-BLOCK_BYTES = {4: 20, 8: 34}  # q4: f16 d, f16 m, 16 code bytes; q8: f16 d, 32 int8 codes
-
-
-@dataclass
-class QWeight:
-    """GGUF-layout blocks of 32 weights, ``blocks`` uint8 [N, K/32 * BLOCK_BYTES[kind]]:
-    kind 4 = Q4_1 blocks (w = d * q + m, q in 0..15; byte j: weight j low nibble, j + 16 high),
-    kind 8 = Q8_0 blocks (w = d * q, q int8). d and m are float16."""
-
-    kind: int
-    blocks: torch.Tensor
-    out_features: int
-    in_features: int
-
-    def dequantize(self) -> torch.Tensor:
-        """float32 [N, K]."""
-        n, k = self.out_features, self.in_features
-        b = self.blocks.reshape(n, k // 32, BLOCK_BYTES[self.kind])
-        d = b[..., 0:2].contiguous().view(torch.float16).float()  # [N, nb, 1]
-        if self.kind == 4:
-            m = b[..., 2:4].contiguous().view(torch.float16).float()
-            c = b[..., 4:]
-            q = torch.cat([c & 0x0F, c >> 4], dim=-1).float()  # [N, nb, 32]
-            return (q * d + m).reshape(n, k)
-        q = b[..., 2:].contiguous().view(torch.int8).float()
-        return (q * d).reshape(n, k)
-
+# -- quantized weights (``infer_cpu.quant.packing.QWeight``: GGUF Q4_1 / Q8_0 blocks) ------
 
 def qgemm(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None,
           silu_mul: bool = False) -> torch.Tensor | None:

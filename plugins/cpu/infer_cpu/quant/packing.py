@@ -21,8 +21,6 @@ from dataclasses import dataclass
 import gguf
 import torch
 
-from infer_cpu.kernels import QWeight
-
 Q = gguf.GGMLQuantizationType
 GROUP = 32  # GGUF block size and our int4 group size
 INT4_TYPES = frozenset({Q.Q4_0, Q.Q4_1})
@@ -56,6 +54,12 @@ def _f16(b: torch.Tensor) -> torch.Tensor:
     return b.contiguous().view(torch.float16).squeeze(-1).float()
 
 
+def _nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """[..., 16] code bytes -> [..., 32] codes 0..15: byte j holds weight j (low nibble) and
+    weight j + 16 (high nibble)."""
+    return torch.cat([qs & 0x0F, qs >> 4], dim=-1)
+
+
 def gguf_int4_codes(raw: torch.Tensor, qtype: Q, rows: int) -> Int4Codes:
     """Q4_0 / Q4_1 raw blocks of a [rows, K] weight -> codes, scales and zeros (exact)."""
     if qtype not in INT4_TYPES:
@@ -63,7 +67,7 @@ def gguf_int4_codes(raw: torch.Tensor, qtype: Q, rows: int) -> Int4Codes:
     blocks = _blocks(raw, qtype, rows)  # [N, nb, bytes]
     d = _f16(blocks[..., 0:2])  # [N, nb]
     qs = blocks[..., 2:] if qtype == Q.Q4_0 else blocks[..., 4:]  # [N, nb, 16]
-    q = torch.cat([qs & 0x0F, qs >> 4], dim=-1).to(torch.int32)  # [N, nb, 32]
+    q = _nibbles(qs).to(torch.int32)  # [N, nb, 32]
     if qtype == Q.Q4_0:
         zero = torch.zeros_like(d)
     else:
@@ -132,16 +136,36 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.
     return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
+@dataclass
+class QWeight:
+    """What the native kernels (``infer_cpu.kernels``) take: GGUF blocks of 32 weights, ``blocks``
+    uint8 [N, K/32 * block bytes]. kind 4 = Q4_1 blocks (w = d * q + m, q in 0..15), kind 8 =
+    Q8_0 blocks (w = d * q, q int8); d and m float16."""
+
+    kind: int
+    blocks: torch.Tensor
+    out_features: int
+    in_features: int
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 [N, K], exactly as gguf dequantises the blocks."""
+        n = self.out_features
+        if self.kind == 8:
+            return gguf_q8_0_values(self.blocks, n)
+        b = _blocks(self.blocks, Q.Q4_1, n)
+        d, m = _f16(b[..., 0:2])[..., None], _f16(b[..., 2:4])[..., None]  # [N, nb, 1]
+        return (_nibbles(b[..., 4:]).float() * d + m).reshape(n, self.in_features)
+
+
 def gguf_qweight(raw: torch.Tensor, qtype: Q, rows: int) -> QWeight:
     """Q4_0 / Q4_1 / Q8_0 raw blocks of a [rows, K] weight -> the native kernels' layout: Q4_1 and
     Q8_0 blocks as they are in the file; Q4_0 rewritten as Q4_1 blocks with m = -8 d (exact:
     scaling a float16 by 8 only changes its exponent)."""
     blocks = _blocks(raw, qtype, rows)  # [N, nb, bytes]
     nb = blocks.shape[1]
-    if qtype == Q.Q8_0:
-        return QWeight(8, blocks.contiguous().reshape(rows, -1), rows, nb * GROUP)
-    if qtype == Q.Q4_1:
-        return QWeight(4, blocks.contiguous().reshape(rows, -1), rows, nb * GROUP)
+    if qtype in (Q.Q8_0, Q.Q4_1):  # read in place
+        return QWeight(8 if qtype == Q.Q8_0 else 4, blocks.contiguous().reshape(rows, -1), rows,
+                       nb * GROUP)
     if qtype != Q.Q4_0:
         raise ValueError(f"no native kernel for GGUF block type {qtype!r}")
     d = blocks[..., 0:2].contiguous().view(torch.float16)  # [N, nb, 1]
