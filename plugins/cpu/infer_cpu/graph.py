@@ -17,7 +17,6 @@ There is no batch-size padding: the call takes any decode batch.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 from typing import Any
 
@@ -27,20 +26,6 @@ from infer.core.ops.graph import GraphRunner
 from infer_cpu import kernels
 
 log = logging.getLogger(__name__)
-
-
-class _Layer(ctypes.Structure):
-    _fields_ = [("in_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p),
-                ("wqkv", ctypes.c_void_p), ("wo", ctypes.c_void_p), ("wgu", ctypes.c_void_p),
-                ("wdown", ctypes.c_void_p), ("bqkv", ctypes.c_void_p),
-                ("kind_qkv", ctypes.c_int), ("kind_o", ctypes.c_int), ("kind_gu", ctypes.c_int),
-                ("kind_down", ctypes.c_int), ("k_cache", ctypes.c_void_p),
-                ("v_cache", ctypes.c_void_p)]
-
-
-_P, _I, _L, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
-_ARGS = [ctypes.POINTER(_Layer), _I, _P, _I, _I, _I, _I, _I, _I, _F, _P, _P, _I, _P, _P, _L, _P,
-         _I, _F]
 
 
 class NativeDecodeGraph(GraphRunner):
@@ -81,7 +66,7 @@ class NativeDecodeGraph(GraphRunner):
         rotary = getattr(model, "rotary", None)
         if rotary is None or rotary.cos_sin.dtype != torch.float32:
             raise _Unsupported("no float32 rotary table")
-        table = (_Layer * len(layers))()
+        table = (kernels.Layer * len(layers))()
         eps = None
         for i, layer in enumerate(layers):
             if type(layer) is not DecoderLayer or type(layer.mlp) is not GatedMLP:
@@ -110,7 +95,7 @@ class NativeDecodeGraph(GraphRunner):
                                          or not qkv_bias.is_contiguous()):
                 raise _Unsupported("qkv bias not float32")
             k_cache, v_cache = mr.kv_cache.k[i], mr.kv_cache.v[i]
-            table[i] = _Layer(
+            table[i] = kernels.Layer(
                 norms[0].weight.data_ptr(), norms[1].weight.data_ptr(),
                 *(m.qweight.blocks.data_ptr() for m in mods),
                 qkv_bias.data_ptr() if qkv_bias is not None else None,
@@ -124,9 +109,7 @@ class NativeDecodeGraph(GraphRunner):
         self.rotary = rotary
         self.scale = ctx.attn_backend.config.scale
         self.table, self.n_layers = table, len(layers)
-        fn = lib.infer_decode_layers
-        fn.argtypes, fn.restype = _ARGS, None
-        self._fn = fn
+        self._fn = lib.infer_decode_layers
         self._model = model
 
     # -- replay --------------------------------------------------------------------------------

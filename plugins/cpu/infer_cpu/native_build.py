@@ -68,14 +68,19 @@ def build(cc: str) -> tuple[Path, list[str]]:
     raise RuntimeError("; ".join(errors))
 
 
+def disabled() -> bool:
+    """``INFER_CPU_KERNELS=0`` (or false/off) switches the native kernels off."""
+    return os.environ.get("INFER_CPU_KERNELS", "1") in ("0", "false", "off")
+
+
 def describe() -> str:
     """One line for ``infer doctor``: whether the native kernels are used, and why not."""
-    if os.environ.get("INFER_CPU_KERNELS", "1") in ("0", "false", "off"):
+    if disabled():
         return "off (INFER_CPU_KERNELS=0): plain-torch ops"
     cc = compiler()
     if cc is None:
         return "unavailable: no C compiler (cc/gcc/clang) on PATH; plain-torch ops and torch's int4/int8 kernels"
     for flags in FLAG_SETS:
-        if _target(cc, flags).exists():
-            return f"built ({cc} {' '.join(flags)}): {_target(cc, flags)}"
+        if (path := _target(cc, flags)).exists():
+            return f"built ({cc} {' '.join(flags)}): {path}"
     return f"compiled with {cc} on first use (about 2 s), then cached under {_cache_dir()}"

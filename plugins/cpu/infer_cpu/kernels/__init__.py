@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from infer_cpu.native_build import build, compiler
+from infer_cpu.native_build import build, compiler, disabled
 
 if TYPE_CHECKING:
     from infer_cpu.quant.packing import QWeight
@@ -36,6 +35,17 @@ _P = ctypes.c_void_p
 _I = ctypes.c_int
 _L = ctypes.c_int64
 _F = ctypes.c_float
+
+
+class Layer(ctypes.Structure):
+    """One decoder layer of ``infer_decode_layers`` (the C ``infer_layer``): norm weights, the
+    four projections' blocks and kinds, the qkv bias (or NULL) and the layer's KV caches."""
+
+    _fields_ = [("in_norm", _P), ("post_norm", _P), ("wqkv", _P), ("wo", _P), ("wgu", _P),
+                ("wdown", _P), ("bqkv", _P), ("kind_qkv", _I), ("kind_o", _I), ("kind_gu", _I),
+                ("kind_down", _I), ("k_cache", _P), ("v_cache", _P)]
+
+
 _SIGNATURES = {
     "infer_set_threads": [_I],
     "infer_kernels_isa": [],
@@ -46,6 +56,8 @@ _SIGNATURES = {
     "infer_silu_mul": [_P, _L, _P, _I, _I],
     "infer_paged_decode": [_P, _L, _P, _L, _P, _L, _P, _P, _P, _P, _L, _P, _P, _I, _I, _I, _I,
                            _I, _F],
+    "infer_decode_layers": [ctypes.POINTER(Layer), _I, _P, _I, _I, _I, _I, _I, _I, _F, _P, _P, _I,
+                            _P, _P, _L, _P, _I, _F],
 }
 
 
@@ -61,7 +73,7 @@ def load() -> ctypes.CDLL | None:
         if "lib" in _state:
             return _state["lib"]  # type: ignore[return-value]
         lib, detail = None, ""
-        if os.environ.get("INFER_CPU_KERNELS", "1") in ("0", "false", "off"):
+        if disabled():
             detail = "disabled by INFER_CPU_KERNELS=0"
         elif (cc := compiler()) is None:
             detail = "no C compiler (cc/gcc/clang) on PATH; using plain-torch ops"
