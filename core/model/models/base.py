@@ -62,6 +62,12 @@ class DecoderOnlyLM(nn.Module):
         h = self.model.embed_tokens(fwd.input_ids)  # [T, hidden]
         for layer in self.model.layers:
             h = layer(fwd.positions, h, fwd)
+        return self.compute_logits(h, fwd)
+
+    def compute_logits(self, h: torch.Tensor, fwd: ForwardBatch) -> torch.Tensor:
+        """Hidden states after the last layer [T, hidden] -> float32 logits [N, vocab] at
+        ``fwd.logits_indices`` (final norm, LM head). Graph runners that replace the layers call
+        this for the tail of the step."""
         h = self.model.norm(h.index_select(0, fwd.logits_indices))  # [N, hidden]
         return self.lm_head(h)  # [N, vocab] float32
 

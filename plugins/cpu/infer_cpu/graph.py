@@ -132,8 +132,7 @@ class NativeDecodeGraph(GraphRunner):
                  self.kv_heads, self.head_dim, self.inter, self.eps, pos.data_ptr(),
                  self.rotary.cos_sin.data_ptr(), self.rotary.rotary_dim, slots.data_ptr(),
                  bt.data_ptr(), bt.stride(0), seq_lens.data_ptr(), meta.page_size, self.scale)
-        h = model.model.norm(h.index_select(0, batch.logits_indices))
-        return model.lm_head(h)
+        return model.compute_logits(h, batch)
 
 
 class _Unsupported(Exception):

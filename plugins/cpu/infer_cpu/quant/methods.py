@@ -2,9 +2,10 @@
 
 - ``GGUFLinearMethod`` (quantization key ``"gguf"``): serves a GGUF file's Q4_0 / Q4_1 / Q8_0
   blocks directly. With the native kernels (``infer_cpu.kernels``, float32 models) the blocks are
-  kept as they are (scales widened to float32) and each product is a Q4 x Q8 / Q8 x Q8 integer dot
-  product over activations quantized per 32-block, as llama.cpp does; the LM head runs on Q8
-  blocks of 32 against float32 activations (int8 activations there changed greedy answers). Without them (no C compiler, or a bf16/fp16 model) Q4 blocks become torch's int4
+  read as they are in the file (Q4_0 rewritten as Q4_1) and each product is a Q4 x Q8 / Q8 x Q8
+  integer dot product over activations quantized per 32-block, as llama.cpp does; the LM head
+  runs on Q8 blocks of 32 against float32 activations (int8 activations there changed greedy
+  answers). Without them (no C compiler, or a bf16/fp16 model) Q4 blocks become torch's int4
   group-32 weights (exact) and Q8_0 per-row int8 (requantized), LM head per-row int8. Other block
   types, and unquantized tensors, stay dense in the model dtype.
 - ``Int8WeightOnlyLinearMethod``: per-row symmetric int8 weights, activations unquantized.
@@ -84,8 +85,9 @@ class GGUFLinearMethod(LinearMethod):
         layer.gguf_raw = None  # the raw blocks are not needed after packing
 
     def process_lm_head(self, lm_head: nn.Module) -> None:
-        """The LM head (often tied to the embedding, whose dense weight stays for lookups) runs
-        as per-row int8: a quarter of the float32 bytes read per decode step."""
+        """The LM head (often tied to the embedding, whose dense weight stays for lookups) runs on
+        Q8 blocks of 32 with the native kernels, else as per-row int8: about a quarter of the
+        float32 bytes read per decode step."""
         if self._native():
             qw = quantize_q8_blocks(lm_head.weight.data)
             lm_head.qweight = qw
