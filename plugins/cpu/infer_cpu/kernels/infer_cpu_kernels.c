@@ -168,6 +168,11 @@ static inline float dot_q8(const block_q8 *w, const int8_t *xq, const float *xd,
 #endif
 }
 
+/* o[i] = silu(gu[i]) * gu[I + i] for one row (the SiLU-gated MLP's gate). */
+static void silu_mul_row(const float *gu, float *o, int I) {
+  for (int i = 0; i < I; i++) o[i] = gu[i] / (1.f + expf(-gu[i])) * gu[I + i];
+}
+
 /* Activation rows -> q8 blocks. With silu_mul the input rows are [gate | up] of width 2K and
  * the quantized row is silu(gate) * up (the fused SiLU-gated MLP input of the down projection). */
 static void quantize_rows(const float *x, int64_t x_stride, int M, int K, int silu_mul,
@@ -177,10 +182,7 @@ static void quantize_rows(const float *x, int64_t x_stride, int M, int K, int si
   for (int m = 0; m < M; m++) {
     const float *row = x + (int64_t)m * x_stride;
     if (silu_mul) {
-      for (int j = 0; j < K; j++) {
-        float g = row[j];
-        tmp[j] = g / (1.f + expf(-g)) * row[K + j];
-      }
+      silu_mul_row(row, tmp, K);
       row = tmp;
     }
     quantize_row_q8(row, K, xq + (int64_t)m * K, xd + (int64_t)m * nb, xs + (int64_t)m * nb);
@@ -329,20 +331,25 @@ static void rms_row(const float *src, const float *w, float *o, int dim, float e
   for (int j = 0; j < dim; j++) o[j] = w[j] * (src[j] * inv);
 }
 
+/* sum = x + residual, o = rms_row(sum): the fused residual add of a pre-norm block. */
+static void add_rms_row(const float *x, const float *residual, const float *w, float *sum,
+                        float *o, int dim, float eps) {
+  for (int j = 0; j < dim; j++) sum[j] = x[j] + residual[j];
+  rms_row(sum, w, o, dim, eps);
+}
+
 /* out = w * x / sqrt(mean(x^2) + eps) per row; with residual != NULL first x += residual and the
  * sum is written to res_out (the fused residual add of a pre-norm block). */
 void infer_rms_norm(const float *x, int64_t x_stride, const float *residual, int64_t r_stride,
                     float *res_out, const float *w, float *out, int rows, int dim, float eps) {
 #pragma omp parallel for num_threads(rows >= 4 ? g_threads : 1) schedule(static)
   for (int r = 0; r < rows; r++) {
-    const float *src = x + (int64_t)r * x_stride;
-    if (residual) {
-      float *hr = res_out + (int64_t)r * dim;
-      const float *rr = residual + (int64_t)r * r_stride;
-      for (int j = 0; j < dim; j++) hr[j] = src[j] + rr[j];
-      src = hr;
-    }
-    rms_row(src, w, out + (int64_t)r * dim, dim, eps);
+    const float *xr = x + (int64_t)r * x_stride;
+    if (residual)
+      add_rms_row(xr, residual + (int64_t)r * r_stride, w, res_out + (int64_t)r * dim,
+                  out + (int64_t)r * dim, dim, eps);
+    else
+      rms_row(xr, w, out + (int64_t)r * dim, dim, eps);
   }
 }
 
@@ -366,11 +373,7 @@ void infer_rope(const int64_t *pos, float *q, int64_t q_stride, int H, float *k,
 
 /* out [T, I] = silu(x[:, :I]) * x[:, I:], x rows of stride x_stride. */
 void infer_silu_mul(const float *x, int64_t x_stride, float *out, int T, int I) {
-  for (int t = 0; t < T; t++) {
-    const float *g = x + t * x_stride, *u = g + I;
-    float *o = out + (int64_t)t * I;
-    for (int i = 0; i < I; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
-  }
+  for (int t = 0; t < T; t++) silu_mul_row(x + t * x_stride, out + (int64_t)t * I, I);
 }
 
 /* s[j] <- exp(s[j] - mx) for j < n; returns the sum. AVX2: exp by range reduction
@@ -442,6 +445,16 @@ static void attend_one(int bh, const float *q, int64_t q_stride, const float *k_
   if (scores != sbuf) free(scores);
 }
 
+/* The new tokens' k/v rows (row stride k_stride / v_stride, row floats each) into the caches at
+ * slots[b]. */
+static void write_kv(const float *k, int64_t k_stride, const float *v, int64_t v_stride,
+                     float *k_cache, float *v_cache, const int64_t *slots, int B, int64_t row) {
+  for (int b = 0; b < B; b++) {
+    memcpy(k_cache + slots[b] * row, k + b * k_stride, sizeof(float) * (size_t)row);
+    memcpy(v_cache + slots[b] * row, v + b * v_stride, sizeof(float) * (size_t)row);
+  }
+}
+
 /* Decode attention over a paged float32 cache, one query per sequence, after writing the new k/v.
  *   q [B, H, D] (row stride q_stride), k/v new [B, Hkv, D] (row strides k_stride, v_stride),
  *   caches [pages, page, Hkv, D], slots [B] (where the new k/v go), block_tables [B, bt_stride]
@@ -451,11 +464,7 @@ void infer_paged_decode(const float *q, int64_t q_stride, const float *k, int64_
                         const int64_t *slots, const int32_t *block_tables, int64_t bt_stride,
                         const int32_t *seq_lens, float *out, int B, int H, int Hkv, int D, int page,
                         float scale) {
-  int64_t row = (int64_t)Hkv * D;
-  for (int b = 0; b < B; b++) {
-    memcpy(k_cache + slots[b] * row, k + b * k_stride, sizeof(float) * (size_t)row);
-    memcpy(v_cache + slots[b] * row, v + b * v_stride, sizeof(float) * (size_t)row);
-  }
+  write_kv(k, k_stride, v, v_stride, k_cache, v_cache, slots, B, (int64_t)Hkv * D);
 #pragma omp parallel for num_threads(B * H >= 4 ? g_threads : 1) schedule(static)
   for (int bh = 0; bh < B * H; bh++)
     attend_one(bh, q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, H, Hkv,
@@ -578,10 +587,8 @@ void infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int 
       spin_wait(&bar);
       if (tid == 0) {
         infer_rope(pos, qkv, qkv_w, H, qkv + (int64_t)H * D, qkv_w, Hkv, B, D, rot_dim, cos_sin);
-        for (int b = 0; b < B; b++) {
-          memcpy(L->k_cache + slots[b] * row, qkv + (int64_t)b * qkv_w + (int64_t)H * D, sizeof(float) * (size_t)row);
-          memcpy(L->v_cache + slots[b] * row, qkv + (int64_t)b * qkv_w + (int64_t)(H + Hkv) * D, sizeof(float) * (size_t)row);
-        }
+        write_kv(qkv + (int64_t)H * D, qkv_w, qkv + (int64_t)(H + Hkv) * D, qkv_w, L->k_cache,
+                 L->v_cache, slots, B, row);
       }
       spin_wait(&bar);
       for (int bh = tid; bh < B * H; bh += nt)
@@ -592,11 +599,9 @@ void infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int 
       share(hidden, tid, nt, &n0, &n1);
       qgemm_rows(L->kind_o, a.q, a.d, a.s, B, att_w, L->wo, NULL, n0, n1, o, hidden);
       spin_wait(&bar);
-      for (int m = 0; m < B; m++) { /* res = o + h, x = norm(res): the fused add + RMSNorm */
-        const float *om = o + (int64_t)m * hidden, *hm = h + (int64_t)m * hidden;
-        float *rm = res + (int64_t)m * hidden;
-        for (int j = 0; j < hidden; j++) rm[j] = om[j] + hm[j];
-        rms_row(rm, L->post_norm, x + (int64_t)m * hidden, hidden, eps);
+      for (int m = 0; m < B; m++) { /* res = o + h, x = norm(res) */
+        int64_t at = (int64_t)m * hidden;
+        add_rms_row(o + at, h + at, L->post_norm, res + at, x + at, hidden, eps);
       }
       a = quantize_team(x, hidden, B, hidden, 0, mine, sq, tid, nt, &bar);
       share(2 * inter, tid, nt, &n0, &n1);
