@@ -12,7 +12,8 @@ Graph-runner contract (a platform plugin registers ``factory(model_runner, serve
     ``.max_pages_per_seq`` and ``.build_forward_batch(DecodeInputs)`` to make ForwardBatch
     objects over its own static buffers (``make_decode_inputs(bs)`` gives dummy decode inputs
     whose rows read and write only the scratch page 0).
-  - Per decode step the runner gets ``can_run(fwd)`` / ``run(fwd) -> logits [B, V]`` with the
+  - Per step the runner gets ``can_run(fwd)`` (any batch: it says which ones it covers, decode
+    or extend) / ``run(fwd) -> logits [len(fwd.logits_indices), V]`` with the
     eager ForwardBatch (device tensors already built, ``attn_backend.plan`` NOT called): it
     copies ``fwd.input_ids``, ``fwd.positions`` and ``fwd.attn`` tensors into its static
     buffers (padding rows: seq_len 1, block table row of zeros, slot 0), plans in place,
@@ -201,7 +202,7 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduleBatch) -> StepResult:
         fwd, spans = self.prepare(batch)
-        if self.graph_runner is not None and fwd.attn.is_decode_only and self.graph_runner.can_run(fwd):
+        if self.graph_runner is not None and self.graph_runner.can_run(fwd):
             logits = self.graph_runner.run(fwd)
         else:
             self.attn_backend.plan(fwd.attn)
