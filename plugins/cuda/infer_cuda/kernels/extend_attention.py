@@ -7,6 +7,12 @@ the paged cache: query i of sequence b (absolute position prefix_b + i) attends 
 0..prefix_b + i. Program (m_block, head, b) handles BLOCK_M queries of one head; its key loop stops
 at the last position any of its queries can see. Rows of a sequence are
 query_start_loc[b]:query_start_loc[b+1] of the packed q / out.
+
+CUDA graphs: the grid depends only on ``max_extend_len`` and the number of sequences (host), never
+on the lengths, prefixes or pages (device tensors), so an extend graph captured with
+``max_extend_len`` = its token bucket N replays for any real length n <= N. Rows after the last
+sequence's extent (a graph's padding rows, query_start_loc[B] <= row < T, within the last
+sequence's max_extend_len rows) are written as zeros, so they stay finite through the model.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def _extend_kernel(
-    Q, K, V, Out, QueryStart, PrefixLens, BlockTables,
+    Q, K, V, Out, QueryStart, PrefixLens, BlockTables, num_tokens,
     sm_scale_log2, k_scale, v_scale,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kslot, stride_kh, stride_vslot, stride_vh,
@@ -78,8 +84,11 @@ def _extend_kernel(
         m_i = m_new
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    out = tl.where(mask_m[:, None], out, 0.0)
+    # padding rows after the last sequence (T > query_start_loc[B]) get zeros
+    tail = (b == tl.num_programs(2) - 1) & (offs_m >= ext_len) & (rows < num_tokens)
     tl.store(Out + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
-             out.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+             out.to(Out.dtype.element_ty), mask=(mask_m | tail)[:, None] & mask_d[None, :])
 
 
 def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -89,7 +98,8 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      block_m: int = 64, block_n: int = 64) -> torch.Tensor:
     """q [T, H, D] packed new tokens; caches [P, page, Hkv, D] already holding the new k/v.
 
-    Writes out [T, H, D] and returns it."""
+    Writes out [T, H, D] and returns it: the sequences' rows, plus zeros in rows
+    query_start_loc[B] .. T-1 that lie within max_extend_len rows of the last sequence's start."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     bsz = prefix_lens.shape[0]
@@ -98,7 +108,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     block_m = min(block_m, max(16, triton.next_power_of_2(max_extend_len)))
     grid = (triton.cdiv(max_extend_len, block_m), num_heads, bsz)
     _extend_kernel[grid](
-        q, kf, vf, out, query_start_loc, prefix_lens, block_tables,
+        q, kf, vf, out, query_start_loc, prefix_lens, block_tables, q.shape[0],
         scale * LOG2E, k_scale, v_scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         kf.stride(0), kf.stride(1), vf.stride(0), vf.stride(1),

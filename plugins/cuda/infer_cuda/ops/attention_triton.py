@@ -2,8 +2,11 @@
 
 ``plan`` only picks the split count, a function of the batch size alone, so a CUDA graph captured
 for a batch size keeps valid launch shapes; the kernels read lengths and page tables from the
-metadata tensors, which the graph runner overwrites in place before each replay. An fp8 KV cache
-stores value / scale (per-tensor scales ``k_scale`` / ``v_scale``, 1.0 unless set).
+metadata tensors, which the graph runner overwrites in place before each replay. The extend
+kernel's grid depends only on the host ``max_extend_len`` and the number of sequences, so a whole
+extend forward can be captured too (``supports_extend_graph_capture``): the graph runner fixes
+``max_extend_len`` to its token bucket and pads the tokens; the kernel zeroes the padding rows.
+An fp8 KV cache stores value / scale (per-tensor scales ``k_scale`` / ``v_scale``, 1.0 unless set).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ def _num_sms(device: torch.device) -> int:
 class TritonAttention(AttentionBackend):
     name = "triton"
     supports_graph_capture = True
+    supports_extend_graph_capture = True
 
     def __init__(self, config: AttentionConfig) -> None:
         super().__init__(config)
