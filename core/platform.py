@@ -85,6 +85,17 @@ class Platform:
     def synchronize(self) -> None:
         """Wait for queued device work (no-op on synchronous devices)."""
 
+    def to_device(self, t: Any) -> Any:
+        """Host tensor -> device tensor. Asynchronous devices override this so that the copy
+        never waits for queued device work (overlap scheduling launches the next step's inputs
+        while the device still runs the last one)."""
+        return t.to(self.torch_device)
+
+    def to_host_async(self, t: Any) -> tuple[Any, Any]:
+        """Start copying a device tensor to the host: ``(host tensor, wait)`` where ``wait()``
+        blocks until the copy landed, or is None when the copy is already done."""
+        return t.cpu(), None
+
     def default_adjustments(self, args: Any) -> list[SettingAdjustment]:
         """Defaults for settings the user left unset; each returned change is applied and logged."""
         return []

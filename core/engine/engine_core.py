@@ -11,9 +11,19 @@ API (all plain Python values; Request / RequestOutput / EngineStats pickle):
     core.abort(rid) -> bool                 # queued or running; its pages are freed; reported once
                                             # by the next step() with finish_reason type "abort"
     core.step() -> list[RequestOutput]      # one scheduling step + forward; increments per request
-    core.has_work() -> bool                 # queued or running requests, or unreported outputs
+    core.has_work() -> bool                 # queued or running requests, a step in flight, or
+                                            # unreported outputs
     core.flush_cache() -> bool              # drops the prefix cache (False while requests run)
     core.stats() -> EngineStats             # running, queued, pages, hit rate, token counters
+
+Overlap scheduling (SGLang's overlap scheduler; on unless --disable-overlap-schedule, and off by
+default on platforms whose forward runs on the host thread): ``step()`` schedules and launches
+batch N+1 while batch N still runs on the device, and only then waits for N's sampled ids and
+reports them. Batch N+1 takes N's tokens from the device (placeholders in ``output_ids``, see
+infer.core.engine.request). Outputs are identical to the plain order; each step's tokens are
+reported one ``step()`` later, and a request that stops on a sampled token (EOS, stop string)
+computes one extra row that is discarded. A batch with requests whose next step needs the token
+values on the host (grammar, penalties, prompt logprobs, max_new_tokens 0) is resolved at once.
 
 Finish reasons follow SGLang: {"type": "stop", "matched": <token id or stop string>},
 {"type": "length", "length": <max_new_tokens>}, {"type": "abort", "message": ...}.
@@ -31,7 +41,7 @@ from infer.core.cache.page_pool import PagePool, kv_bytes_per_token
 from infer.core.cache.plain_cache import PlainCache
 from infer.core.cache.radix_cache import RadixCache
 from infer.core.engine.detokenizer import IncrementalDetokenizer, StopStringDetokenizer
-from infer.core.engine.model_runner import ModelRunner, StepResult
+from infer.core.engine.model_runner import LaunchedStep, ModelRunner, StepResult
 from infer.core.engine.outputs import EngineStats, RequestOutput
 from infer.core.engine.request import QueueFullError, Request
 from infer.core.engine.scheduler import ScheduleBatch, Scheduler, SchedulerConfig
@@ -83,6 +93,8 @@ class EngineCore:
         self._parent: dict[str, str] = {}  # choice rid -> original rid
         self._pending: list[RequestOutput] = []  # aborts / errors to report in the next step
         self.counters = {"prompt_tokens": 0, "generated_tokens": 0, "cached_tokens": 0}
+        self.overlap = not getattr(server_args, "disable_overlap_schedule", False)
+        self._inflight: LaunchedStep | None = None  # launched, sampled ids not yet on the host
         log.info("KV pool: %d pages x %d tokens (%d tokens)", self.pool.capacity, self.page_size,
                  self.pool.capacity * self.page_size)
 
@@ -203,6 +215,7 @@ class EngineCore:
         if req is None or req.finished:
             return False
         self.scheduler.abort(rid)
+        self._drop_pending(req)
         req.finish({"type": "abort", "message": "aborted by request"})
         self._pending.append(self._output(req))
         self._forget(rid)
@@ -217,31 +230,68 @@ class EngineCore:
 
     # -- stepping --------------------------------------------------------------------------------
     def has_work(self) -> bool:
-        return self.scheduler.has_work() or bool(self._pending)
+        return self.scheduler.has_work() or bool(self._pending) or self._inflight is not None
 
     def step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
+        prev, self._inflight = self._inflight, None
         batch = self.scheduler.schedule()
         for req in self.scheduler.oom_finished:
+            self._drop_pending(req)
             outputs.append(self._output(req))
             self._forget(req.rid)
         self.scheduler.oom_finished.clear()
-        if batch is None:
-            return outputs
-        self._account_admissions(batch)
-        result = self.runner.run(batch)
-        finished = self._apply(result)
-        self.scheduler.update(batch)
+        launched = None
+        if batch is not None:
+            self._account_admissions(batch)
+            defer = self.overlap and not any(self._needs_host_tokens(s.req) for s in batch.seqs)
+            launched = self.runner.launch(batch, defer)
+            if defer:  # placeholders: the next batch reads these ids on the device
+                for i, req in enumerate(launched.reqs):
+                    req.output_ids.append(-(i + 1))
+                    req.num_pending += 1
+        if prev is not None:  # its device work ran while this step was scheduled and launched
+            outputs += self._complete(prev)
+        if launched is not None:
+            self.scheduler.update(batch)
+            if launched.deferred:
+                self._inflight = launched
+            else:
+                outputs += self._complete(launched)
+        return outputs
+
+    @staticmethod
+    def _needs_host_tokens(req: Request) -> bool:
+        """The request's next step (or this step's result) needs its token values on the host."""
+        p = req.params
+        return (req.grammar is not None or p.repetition_penalty != 1.0 or bool(p.frequency_penalty)
+                or bool(p.presence_penalty) or p.max_new_tokens == 0
+                or (req.return_logprob and req.logprob_start_len >= 0 and not req.output_ids))
+
+    def _complete(self, launched: LaunchedStep) -> list[RequestOutput]:
+        """Wait for a launched step, apply its tokens and report the requests it ran."""
+        finished = self._apply(launched, self.runner.resolve(launched))
         for req, reason in finished:
+            self._drop_pending(req)
             self.scheduler.finish(req)
             req.finish(reason)
-        for s in batch.seqs:
+        outputs = []
+        for s in launched.batch.seqs:
             req = s.req
-            if req.finished or len(req.output_ids) > req.num_sent:
+            if req.rid not in self._reqs:
+                continue  # ended (and reported) before this step resolved
+            if req.finished or len(req.output_ids) - req.num_pending > req.num_sent:
                 outputs.append(self._output(req))
             if req.finished:
                 self._forget(req.rid)
         return outputs
+
+    @staticmethod
+    def _drop_pending(req: Request) -> None:
+        """An ending request: forget tokens of steps that were launched after its last one."""
+        if req.num_pending:
+            del req.output_ids[len(req.output_ids) - req.num_pending:]
+            req.num_pending = 0
 
     def _account_admissions(self, batch: ScheduleBatch) -> None:
         for s in batch.seqs:
@@ -251,9 +301,9 @@ class EngineCore:
                 self.counters["prompt_tokens"] += len(r.prompt_ids)
                 self.counters["cached_tokens"] += r.cached_tokens
 
-    def _apply(self, res: StepResult) -> list[tuple[Request, dict[str, Any]]]:
-        """Append sampled tokens, record logprobs, decide which requests finish (the caller
-        finishes them after the scheduler has advanced their computed counts)."""
+    def _apply(self, launched: LaunchedStep, res: StepResult) -> list[tuple[Request, dict[str, Any]]]:
+        """Append sampled tokens (or put them in place of the step's placeholders), record
+        logprobs, decide which requests finish (the caller finishes them)."""
         for rid, rows in res.prompt_logprobs.items():
             req = self._reqs[rid]
             for pos, lp, top in rows:
@@ -264,11 +314,21 @@ class EngineCore:
                 req.prompt_top_logprobs.append(top)
         finished = []
         now = time.monotonic()
-        for req, tok in res.sampled:
+        for i, (req, tok) in enumerate(res.sampled):
+            if req.finished:
+                continue  # aborted (or ended) while this step ran
             if req.params.max_new_tokens == 0:  # prefill only (e.g. for prompt logprobs)
                 finished.append((req, {"type": "length", "length": 0}))
                 continue
-            req.output_ids.append(tok)
+            if launched.deferred:
+                j = len(req.output_ids) - req.num_pending  # its oldest placeholder is this step's
+                assert req.output_ids[j] == -(i + 1), (req.rid, j, req.output_ids[j], i)
+                req.output_ids[j] = tok
+                req.num_pending -= 1
+                n_out = j + 1
+            else:
+                req.output_ids.append(tok)
+                n_out = len(req.output_ids)
             self.counters["generated_tokens"] += 1
             if req.first_token_time is None:
                 req.first_token_time = now
@@ -277,14 +337,14 @@ class EngineCore:
                 req.output_top_logprobs.append(res.top_logprobs.get(req.rid, []))
             if req.grammar is not None:
                 req.grammar.accept_token(tok)
-            reason = self._finish_reason(req, tok)
+            reason = self._finish_reason(req, tok, n_out)
             if reason is not None:
                 finished.append((req, reason))
         return finished
 
-    def _finish_reason(self, req: Request, tok: int) -> dict[str, Any] | None:
+    def _finish_reason(self, req: Request, tok: int, n_out: int) -> dict[str, Any] | None:
+        """Why the request ends with ``tok``, its ``n_out``-th output token (None: it goes on)."""
         p = req.params
-        n_out = len(req.output_ids)
         if n_out >= p.min_new_tokens:
             if tok in p.stop_token_ids or (not p.ignore_eos and tok in req.eos_ids):
                 return {"type": "stop", "matched": tok}
@@ -298,18 +358,19 @@ class EngineCore:
             req.stop_checker.add([tok])
         if p.max_new_tokens is not None and n_out >= p.max_new_tokens:
             return {"type": "length", "length": p.max_new_tokens}
-        if req.seq_len >= req.max_total_len:
+        if len(req.prompt_ids) + n_out >= req.max_total_len:
             return {"type": "length", "length": n_out}
         return None
 
     def _output(self, req: Request) -> RequestOutput:
-        new = req.output_ids[req.num_sent:]
+        known = len(req.output_ids) - req.num_pending
+        new = req.output_ids[req.num_sent:known]
         lo = req.num_sent
-        req.num_sent = len(req.output_ids)
+        req.num_sent = known
         out = RequestOutput(
             rid=req.rid, new_token_ids=list(new), finished=req.finished,
             finish_reason=req.finish_reason if req.finished else None,
-            prompt_tokens=len(req.prompt_ids), completion_tokens=len(req.output_ids),
+            prompt_tokens=len(req.prompt_ids), completion_tokens=known,
             cached_tokens=req.cached_tokens,
             output_logprobs=req.output_logprobs[lo:lo + len(new)] if req.return_logprob else [],
             output_top_logprobs=req.output_top_logprobs[lo:lo + len(new)]

@@ -49,6 +49,21 @@ class DecodeInputs:
 
 
 @dataclass
+class LaunchedStep:
+    """A step whose device work is queued: ``ModelRunner.resolve`` waits for it and returns its
+    StepResult. ``deferred``: its sampled ids were also written to the future-token buffer, row
+    i for ``reqs[i]``, so that the next step's inputs can use them before the host sees them."""
+
+    batch: ScheduleBatch
+    reqs: list[Request]  # sampled requests, in row order
+    result: StepResult
+    deferred: bool = False
+    host: torch.Tensor | None = None  # ids (int64 [B]) or ids+logprobs (float64 [B, C])
+    wait: Any = None  # blocks until ``host`` holds the copy (None: it already does)
+    top_k: int = 0  # top-logprob columns in ``host``
+
+
+@dataclass
 class StepResult:
     """Host-side results of one step, per sampled sequence in batch order."""
 
@@ -91,6 +106,9 @@ class ModelRunner:
                 max_batch_size=getattr(server_args, "max_running_requests", None) or 256,
                 max_context_len=self.context_length))
         self.attn_backend = ctx.attn_backend
+        # overlap scheduling: row i holds the id sampled for row i of the last deferred step
+        self._future = torch.zeros(max(1, getattr(server_args, "max_running_requests", None) or 256),
+                                   dtype=torch.int64, device=self.device)
         self.graph_runner = self._make_graph_runner(server_args)
 
     # -- graph runner --------------------------------------------------------------------------
@@ -113,6 +131,10 @@ class ModelRunner:
         return DecodeInputs([0] * bs, [0] * bs, [1] * bs, [[0]] * bs, [0] * bs)
 
     # -- building tensors ----------------------------------------------------------------------
+    def to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """Host tensor -> device, never waiting for queued device work (the platform's copy)."""
+        return self.platform.to_device(t)
+
     def build_forward_batch(self, d: DecodeInputs) -> ForwardBatch:
         """A decode-only ForwardBatch (one new token per sequence) on the device."""
         b = len(d.input_ids)
@@ -136,8 +158,11 @@ class ModelRunner:
         prefix = [s_ - e for s_, e in zip(seq_lens, extend, strict=True)]
         small = torch.tensor(ids + pos + slots + logit_rows + qsl + seq_lens + prefix, dtype=torch.int64)
         host = torch.cat([small, torch.from_numpy(tables.astype(np.int64, copy=False)).view(-1)])
-        dev_all = host.to(self.device)
-        parts = dev_all.split([t, t, t, n, b + 1, b, b, b * width])
+        dev_all = self.to_device(host)
+        parts = list(dev_all.split([t, t, t, n, b + 1, b, b, b * width]))
+        if ids and min(ids) < 0:  # placeholders of a deferred step: its ids are still on the device
+            x = parts[0]
+            parts[0] = torch.where(x < 0, self._future[(-x - 1).clamp_(min=0)], x)
         meta = AttentionMetadata(
             num_seqs=b, num_tokens=t, page_size=self.page_size,
             query_start_loc=parts[4].to(torch.int32), seq_lens=parts[5].to(torch.int32),
@@ -199,54 +224,85 @@ class ModelRunner:
                 and r.num_computed < len(r.prompt_ids))
 
     # -- running -------------------------------------------------------------------------------
-    @torch.inference_mode()
     def run(self, batch: ScheduleBatch) -> StepResult:
+        """Run one batch and wait for its results."""
+        return self.resolve(self.launch(batch))
+
+    @torch.inference_mode()
+    def launch(self, batch: ScheduleBatch, defer: bool = False) -> LaunchedStep:
+        """Queue one batch's forward and sampling on the device; the host does not wait (on an
+        asynchronous device) except for prompt logprobs. ``defer``: also write the sampled ids to
+        the future-token buffer (row i for the i-th sampled request), for a next step launched
+        before this one is resolved."""
         fwd, spans = self.prepare(batch)
         if self.graph_runner is not None and self.graph_runner.can_run(fwd):
             logits = self.graph_runner.run(fwd)
         else:
             self.attn_backend.plan(fwd.attn)
             logits = self.model(fwd)  # [N, V]
-        res = StepResult()
-        sample_rows, sample_reqs = [], []
+        step = LaunchedStep(batch, [], StepResult(), deferred=defer)
+        sample_rows = []
         for s, (req, first, n) in zip(batch.seqs, spans, strict=True):
             if s.sample:
                 sample_rows.append(first + n - 1)
-                sample_reqs.append(req)
-        if sample_reqs:
+                step.reqs.append(req)
+        if step.reqs:
             if sample_rows != list(range(logits.shape[0])):  # else: already one row per sample
                 logits_s = logits.index_select(
-                    0, torch.tensor(sample_rows, dtype=torch.int64).to(logits.device))
+                    0, self.to_device(torch.tensor(sample_rows, dtype=torch.int64)))
             else:
                 logits_s = logits
-            self._sample(logits_s, sample_reqs, res)
-        self._prompt_logprobs(logits, batch, spans, res)
+            ids, packed = self._sample(logits_s, step)
+            if defer:
+                b = ids.shape[0]
+                if b > self._future.shape[0]:
+                    grown = torch.zeros(b, dtype=torch.int64, device=self.device)
+                    grown[:self._future.shape[0]] = self._future
+                    self._future = grown
+                self._future[:b].copy_(ids)
+            # the step's one device->host copy, queued: the host goes on to the next step
+            step.host, step.wait = self.platform.to_host_async(packed)
+        self._prompt_logprobs(logits, batch, spans, step.result)
+        return step
+
+    def resolve(self, step: LaunchedStep) -> StepResult:
+        """Wait for a launched step and return its results on the host."""
+        res = step.result
+        if not step.reqs:
+            return res
+        if step.wait is not None:
+            step.wait()
+        reqs = step.reqs
+        if step.host.dim() == 1:
+            res.sampled = list(zip(reqs, step.host.tolist(), strict=True))
+            return res
+        rows = step.host.tolist()  # ids, logprobs and top-k columns (ids < 2**53 in float64)
+        k = step.top_k
+        res.sampled = [(r, int(row[0])) for r, row in zip(reqs, rows, strict=True)]
+        for r, row in zip(reqs, rows, strict=True):
+            if r.return_logprob:
+                res.logprobs[r.rid] = row[1]
+                if k and r.top_logprobs_num > 0:
+                    n = r.top_logprobs_num
+                    res.top_logprobs[r.rid] = [(int(a), b) for a, b in zip(
+                        row[2:2 + n], row[2 + k:2 + k + n], strict=True)]
         return res
 
-    def _sample(self, logits: torch.Tensor, reqs: list[Request], res: StepResult) -> None:
+    def _sample(self, logits: torch.Tensor, step: LaunchedStep) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sampled ids [B] (int64, on the device) and the tensor to copy to the host: the ids,
+        or ids + logprobs (+ top-k ids and logprobs) packed into one float64 matrix."""
+        reqs = step.reqs
         if all(self._plain_greedy(r) for r in reqs):  # fast path: no per-row inputs at all
-            res.sampled = list(zip(reqs, logits.argmax(dim=-1).tolist(), strict=True))
-            return
-        t = self.sampling_tensors(reqs)
-        out = sample(logits, t)
+            ids = logits.argmax(dim=-1)
+            return ids, ids
+        out = sample(logits, self.sampling_tensors(reqs))
         if out.logprobs is None:
-            ids = out.ids.tolist()  # the one device->host copy of the step
-        else:  # ids, logprobs and top-k travel together in one float64 copy (ids < 2**53)
-            cols = [out.ids[:, None].double(), out.logprobs[:, None].double()]
-            k = 0
-            if out.top_logprobs is not None:
-                k = out.top_logprobs.shape[1]
-                cols += [out.top_ids.double(), out.top_logprobs.double()]
-            rows = torch.cat(cols, dim=1).tolist()
-            ids = [int(r[0]) for r in rows]
-            for i, r in enumerate(reqs):
-                if r.return_logprob:
-                    res.logprobs[r.rid] = rows[i][1]
-                    if k and r.top_logprobs_num > 0:
-                        n = r.top_logprobs_num
-                        res.top_logprobs[r.rid] = [(int(a), b) for a, b in zip(
-                            rows[i][2:2 + n], rows[i][2 + k:2 + k + n], strict=True)]
-        res.sampled = list(zip(reqs, ids, strict=True))
+            return out.ids, out.ids
+        cols = [out.ids[:, None].double(), out.logprobs[:, None].double()]
+        if out.top_logprobs is not None:
+            step.top_k = out.top_logprobs.shape[1]
+            cols += [out.top_ids.double(), out.top_logprobs.double()]
+        return out.ids, torch.cat(cols, dim=1)
 
     def _prompt_logprobs(self, logits: torch.Tensor, batch: ScheduleBatch,
                          spans: list[tuple[Request, int, int]], res: StepResult) -> None:
@@ -267,14 +323,15 @@ class ModelRunner:
             res.prompt_logprobs[req.rid] = [(lo + 1 + j, chosen_l[j], top[j]) for j in range(n_rows)]
 
     def sampling_tensors(self, reqs: list[Request]) -> SamplingTensors:
-        dev, v = self.device, self.vocab_size
+        v = self.vocab_size
         ps = [r.params for r in reqs]
         greedy = [p.greedy for p in ps]
         top_k = [v if p.top_k < 1 else min(p.top_k, v) for p in ps]
         floats = torch.tensor([[p.temperature for p in ps], [p.top_p for p in ps],
-                               [p.min_p for p in ps]], dtype=torch.float32).to(dev)
+                               [p.min_p for p in ps]], dtype=torch.float32)
         ints = torch.tensor([top_k, [r.seed for r in reqs], [len(r.output_ids) for r in reqs],
-                             [int(g) for g in greedy]], dtype=torch.int64).to(dev)
+                             [int(g) for g in greedy]], dtype=torch.int64)
+        floats, ints = self.to_device(floats), self.to_device(ints)
         t = SamplingTensors(
             temperature=floats[0], top_p=floats[1], min_p=floats[2], top_k=ints[0], seed=ints[1],
             step=ints[2], greedy=ints[3].bool(), all_greedy=all(greedy),
@@ -284,20 +341,20 @@ class ModelRunner:
         b = len(reqs)
         if any(p.repetition_penalty != 1.0 for p in ps):
             t.seen_mask = self._scatter(b, [r.all_ids for r in reqs], torch.bool)
-            t.repetition_penalty = torch.tensor([p.repetition_penalty for p in ps]).to(dev)
+            t.repetition_penalty = self.to_device(torch.tensor([p.repetition_penalty for p in ps]))
         if any(p.frequency_penalty or p.presence_penalty for p in ps):
             t.output_counts = self._scatter(b, [r.output_ids for r in reqs], torch.float32)
-            t.frequency_penalty = torch.tensor([p.frequency_penalty for p in ps]).to(dev)
-            t.presence_penalty = torch.tensor([p.presence_penalty for p in ps]).to(dev)
+            t.frequency_penalty = self.to_device(torch.tensor([p.frequency_penalty for p in ps]))
+            t.presence_penalty = self.to_device(torch.tensor([p.presence_penalty for p in ps]))
         blocked = [(i, self._stop_ids(r)) for i, r in enumerate(reqs)
                    if len(r.output_ids) < r.params.min_new_tokens]
         if any(ids for _, ids in blocked):
             mask = torch.zeros((b, v), dtype=torch.bool)
             for i, ids in blocked:
                 mask[i, [x for x in ids if x < v]] = True
-            t.stop_mask = mask.to(dev)
+            t.stop_mask = self.to_device(mask)
         if any(r.grammar is not None for r in reqs):
-            t.grammar_bitmask = self.grammar.bitmask([r.grammar for r in reqs]).to(dev)
+            t.grammar_bitmask = self.to_device(self.grammar.bitmask([r.grammar for r in reqs]))
         return t
 
     @staticmethod
@@ -311,7 +368,8 @@ class ModelRunner:
         """[b, V] on the device: counts (float) or presence (bool) of each row's token ids,
         built from one host->device copy of (row, id) pairs."""
         pairs = torch.tensor([[i, x] for i, ids in enumerate(rows) for x in ids] or [[0, 0]],
-                             dtype=torch.int64).to(self.device)
+                             dtype=torch.int64)
+        pairs = self.to_device(pairs)
         out = torch.zeros((b, self.vocab_size), dtype=torch.float32, device=self.device)
         ones = torch.ones(pairs.shape[0], device=self.device)
         if not any(rows):

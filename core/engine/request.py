@@ -7,6 +7,12 @@ Token bookkeeping (invariants):
     owned by the prefix cache (locked through ``cache_handle``), the rest belong to this request.
 A step runs ``all_ids[num_computed : num_computed + extend]``; when that reaches len(all_ids) the
 last row's logits are sampled and one token is appended to ``output_ids``.
+
+Overlap scheduling: a step whose sampled ids are still on the device appends a placeholder
+``-(row + 1)`` (row of the model runner's future-token buffer) instead; the last ``num_pending``
+entries of ``output_ids`` are such placeholders until the engine resolves them one step later.
+The model runner replaces placeholders in its input ids on the device; everything that reads
+token values on the host (grammar, penalties, stop checks, outputs) runs after the resolve.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ class Request:
     # -- state (scheduler / cache) ---------------------------------------------------------
     state: RequestState = RequestState.WAITING
     output_ids: list[int] = field(default_factory=list)
+    num_pending: int = 0  # trailing placeholders in output_ids (overlap scheduling)
     num_computed: int = 0
     pages: list[int] = field(default_factory=list)
     num_prefix_pages: int = 0

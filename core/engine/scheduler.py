@@ -120,7 +120,11 @@ class Scheduler:
         return None
 
     def finish(self, req: Request) -> None:
-        """A running request ended (stop/length): cache its pages and drop it."""
+        """A request ended (stop/length): cache its pages and drop it. Under overlap scheduling
+        the sampled token that ends it can arrive after the request was retracted (waiting)."""
+        if req.state is RequestState.WAITING:
+            self.waiting.remove(req)
+            return
         self.running.remove(req)
         self.kv.release(req)
 
@@ -133,7 +137,8 @@ class Scheduler:
         if batch is None and self.running and self.waiting:
             # a stalled chunked prefill: make room by retracting the least protected request
             stalled = [r for r in self.running if r.is_prefilling]
-            others = [r for r in self._by_retraction_order(self.running) if r not in stalled[:1]]
+            others = [r for r in self._by_retraction_order(self.running)
+                      if r not in stalled[:1] and self._grows(r)]
             if others:
                 self.retract(others[0])
                 batch = self._schedule_once()
@@ -144,12 +149,19 @@ class Scheduler:
         if batch is not None and batch.seqs:
             if self.cfg.enable_mixed_chunk:
                 in_batch = {id(s.req) for s in batch.seqs}
-                decoding = [r for r in self.running if id(r) not in in_batch and not r.is_prefilling]
+                decoding = [r for r in self.running if id(r) not in in_batch and self._grows(r)]
                 batch.seqs.extend(self._decode_rows(decoding))
             return batch
-        decoding = [r for r in self.running if not r.is_prefilling]
+        decoding = [r for r in self.running if self._grows(r)]
         rows = self._decode_rows(decoding)
         return ScheduleBatch(rows, is_prefill=False) if rows else None
+
+    @staticmethod
+    def _grows(req: Request) -> bool:
+        """A decoding request that needs another token. Under overlap scheduling a request whose
+        pending (not yet resolved) token reached its length limit is left out: the engine
+        finishes it when that token resolves. Without overlap such a request has already ended."""
+        return not req.is_prefilling and req.remaining_new_tokens > 0
 
     def _decode_rows(self, reqs: list[Request]) -> list[ScheduledSeq]:
         """One token per request, retracting the least protected requests while the pool is

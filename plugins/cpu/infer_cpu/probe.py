@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import platform as _pyplatform
+from typing import Any
 
-from infer.core.platform import DeviceInfo, Platform, ProbeResult
+from infer.core.platform import DeviceInfo, Platform, ProbeResult, SettingAdjustment
 
 from infer_cpu import native_build
 
@@ -79,6 +80,12 @@ class CpuPlatform(Platform):
         except OSError:
             pass
         return self.info.memory_bytes
+
+    def default_adjustments(self, args: Any) -> list[SettingAdjustment]:
+        # The forward runs on the host thread: there is no queued device work for scheduling
+        # to overlap with, only the extra discarded row per stopped request.
+        return [SettingAdjustment("disable_overlap_schedule", True,
+                                  "the CPU forward runs on the host thread; nothing to overlap with")]
 
 
 def create_platform(result: ProbeResult) -> Platform:

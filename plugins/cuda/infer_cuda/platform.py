@@ -42,6 +42,19 @@ class CudaPlatform(Platform):
 
         torch.cuda.synchronize()
 
+    def to_device(self, t: Any) -> Any:
+        # through pinned memory: a copy from pageable memory may synchronize with the stream
+        return t.pin_memory().to("cuda", non_blocking=True)
+
+    def to_host_async(self, t: Any) -> tuple[Any, Any]:
+        import torch
+
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return host, done.synchronize
+
     def default_adjustments(self, args: Any) -> list[SettingAdjustment]:
         out = []
         if getattr(args, "attention_backend", "unset") is None:
