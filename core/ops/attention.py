@@ -102,9 +102,32 @@ class AttentionBackend(ABC):
         """Write k/v at the batch's slots, return attention output [T, H, D]."""
 
 
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """Plain-torch KV write: k/v [T, Hkv, D] into caches [P, page, Hkv, D] at slot_mapping [T]."""
+             slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """Plain-torch KV write: k/v [T, Hkv, D] into caches [P, page, Hkv, D] at slot_mapping [T].
+    An fp8 cache stores value / scale saturated to the fp8 range (as the Triton store does)."""
     hkv, d = k_cache.shape[-2], k_cache.shape[-1]
-    k_cache.view(-1, hkv, d).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, hkv, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    for new, cache, scale in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
+        flat = cache.view(-1, hkv, d)
+        if cache.dtype in FP8_DTYPES:
+            qmax = torch.finfo(cache.dtype).max
+            q = (new.float() / scale).clamp(-qmax, qmax).to(cache.dtype)
+            # byte views: index_copy_ has no fp8 kernel on every device
+            flat.view(torch.uint8).index_copy_(0, slot_mapping, q.view(torch.uint8))
+        else:
+            flat.index_copy_(0, slot_mapping, new.to(cache.dtype))
+
+
+def read_pages(cache: torch.Tensor, pages: torch.Tensor, dtype: torch.dtype,
+               scale: float = 1.0) -> torch.Tensor:
+    """Pages [n] of a cache [P, page, Hkv, D] -> [n, page, Hkv, D] in ``dtype``; an fp8 cache is
+    read back as stored value * scale (computed in float32)."""
+    if cache.dtype not in FP8_DTYPES:
+        return cache.index_select(0, pages).to(dtype)
+    stored = cache.view(torch.uint8).index_select(0, pages).view(cache.dtype)
+    if scale == 1.0:
+        return stored.to(dtype)
+    return (stored.float() * scale).to(dtype)

@@ -18,6 +18,10 @@ class SparseMoE(nn.Module):
         super().__init__()
         if ctx.tp_size != 1:
             raise NotImplementedError("MoE layers run with tensor-parallel size 1 only")
+        if ctx.quantization == "fp8":
+            raise NotImplementedError("--quantization fp8 quantizes dense linear layers only; the MoE "
+                                      "runners have no fp8 expert GEMM, so MoE models are refused "
+                                      "rather than served with unquantized experts (drop --quantization)")
         self.top_k, self.renormalize = top_k, renormalize
         self.intermediate_size = intermediate_size
         self.runner = ctx.moe_runner

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from infer.core.model.arch import ModelArch, config_context_length
 from infer.core.model.context import ModelContext
-from infer.core.model.loader.dtype import resolve_dtype
+from infer.core.model.loader.dtype import resolve_dtype, resolve_kv_dtype
 from infer.core.model.loader.source import ModelSource, ModelSourceError, resolve_source
 from infer.core.model.registry import UnknownArchitectureError, resolve_model_class
 from infer.core.ops.attention import AttentionConfig
@@ -91,7 +91,8 @@ def load_model(model_path: str, *, platform: Any = None, host: Any = None, dtype
                moe_runner_backend: str | None = "auto", page_size: int = 1,
                max_batch_size: int = 256, dtype_explicit: bool = False,
                skip_tokenizer_init: bool = False, progress: bool = True,
-               seed: int = 0, torchao_config: str = "") -> LoadedModel:
+               seed: int = 0, torchao_config: str = "", kv_cache_dtype: str = "auto",
+               quantization_param_path: str | None = None) -> LoadedModel:
     """Build the model for ``model_path`` on the active platform. Settings carry the SGLang
     server-argument meanings; errors name the bad value and what to use instead."""
     if host is None:
@@ -117,10 +118,12 @@ def load_model(model_path: str, *, platform: Any = None, host: Any = None, dtype
         if torchao_config not in offered:
             raise NotImplementedError(f"--torchao-config {torchao_config} is not implemented on "
                                       f"{platform.name} (available: {', '.join(offered) or 'none'})")
-    elif quantization is not None and not (quantization == "gguf" and is_gguf):
-        # "gguf" serves a GGUF file's quantized blocks (the platform's "gguf" linear method)
-        raise NotImplementedError(f"--quantization {quantization} is not implemented for "
-                                  f"checkpoint loading; --quantization gguf needs a GGUF file")
+    elif quantization is not None:
+        _check_quantization(quantization, is_gguf)
+    if quantization_param_path:
+        raise NotImplementedError(
+            f"--quantization-param-path {quantization_param_path}: loading KV-cache scales from a "
+            f"file is not implemented; without it an fp8 KV cache uses scales of 1.0")
     gguf_ckpt = None
     if is_gguf:
         from infer.core.model.loader.gguf_reader import GGUFCheckpoint
@@ -132,11 +135,18 @@ def load_model(model_path: str, *, platform: Any = None, host: Any = None, dtype
 
         config = AutoConfig.from_pretrained(str(source.directory),
                                             trust_remote_code=trust_remote_code)
+    prequant = getattr(config, "quantization_config", None)
+    if quantization is not None and not is_gguf and prequant:
+        method = prequant.get("quant_method", "?") if isinstance(prequant, dict) else "?"
+        raise NotImplementedError(f"--quantization {quantization}: {model_path} is already quantized "
+                                  f"(quant_method {method}); loading pre-quantized checkpoints is not "
+                                  f"implemented, only quantizing an fp16/bf16/fp32 checkpoint")
     architecture = _architecture(config)
     model_cls = resolve_model_class(host.registries.models, architecture)
     torch_dtype = resolve_dtype(dtype, config, is_gguf=is_gguf)
     length = _context_length(config, context_length)
-    arch = ModelArch.from_hf_config(config, dtype=torch_dtype, context_length=length)
+    arch = ModelArch.from_hf_config(config, dtype=torch_dtype, context_length=length,
+                                    kv_dtype=resolve_kv_dtype(kv_cache_dtype, torch_dtype))
     arch = ModelArch(**{**arch.__dict__, "architecture": architecture})
 
     ctx = ModelContext.build(platform=platform, host=host, dtype=torch_dtype,
@@ -180,6 +190,21 @@ def load_model(model_path: str, *, platform: Any = None, host: Any = None, dtype
                        eos_token_ids=_eos_ids(gen, config, tokenizer))
 
 
+def _check_quantization(quantization: str, is_gguf: bool) -> None:
+    """Refuse --quantization values the loader cannot serve; every other value is looked up in
+    the platform's linear methods by ``ModelContext`` (an unknown one lists what is available)."""
+    if quantization == "gguf" and not is_gguf:
+        raise NotImplementedError("--quantization gguf needs a GGUF file (it serves the file's "
+                                  "quantized blocks)")
+    if quantization.startswith("torchao:"):
+        raise ValueError(f"--quantization {quantization}: torchao schemes are chosen with "
+                         f"--torchao-config, not --quantization")
+    if is_gguf and quantization != "gguf":
+        raise NotImplementedError(f"--quantization {quantization} quantizes an fp16/bf16 checkpoint "
+                                  f"when it loads; a GGUF file is already quantized (use "
+                                  f"--quantization gguf or none)")
+
+
 def _load_tokenizer(source: ModelSource, tokenizer_path: str | None, gguf_ckpt: Any,
                     trust_remote_code: bool, revision: str | None) -> Any:
     from transformers import AutoTokenizer
@@ -213,4 +238,6 @@ def load_model_from_args(args: Any, *, platform: Any = None, host: Any = None) -
         page_size=getattr(args, "page_size", None) or 1,
         max_batch_size=getattr(args, "max_running_requests", None) or 256,
         dtype_explicit=explicit, skip_tokenizer_init=getattr(args, "skip_tokenizer_init", False),
-        torchao_config=getattr(args, "torchao_config", "") or "")
+        torchao_config=getattr(args, "torchao_config", "") or "",
+        kv_cache_dtype=getattr(args, "kv_cache_dtype", None) or "auto",
+        quantization_param_path=getattr(args, "quantization_param_path", None))

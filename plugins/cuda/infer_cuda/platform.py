@@ -58,9 +58,10 @@ class CudaPlatform(Platform):
     def default_adjustments(self, args: Any) -> list[SettingAdjustment]:
         out = []
         if getattr(args, "attention_backend", "unset") is None:
-            out.append(SettingAdjustment(
-                "attention_backend", self.default_attention_backend,
-                f"default attention backend on {self.generation}"))
+            backend, why = self.default_attention_backend, f"default attention backend on {self.generation}"
+            if backend == "flashinfer" and str(getattr(args, "kv_cache_dtype", "auto")).startswith("fp8"):
+                backend, why = "triton", "an fp8 KV cache runs on the Triton kernels (flashinfer refuses it)"
+            out.append(SettingAdjustment("attention_backend", backend, why))
         return out
 
 

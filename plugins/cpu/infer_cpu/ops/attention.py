@@ -7,6 +7,8 @@ no gather). Otherwise: mixed batches run one sequence at a time; decode-only bat
 step costs O(sum of sequence lengths), never a copy of the whole cache. Any mix of prefill,
 chunked-extend and decode rows is handled: the queries of sequence i sit at absolute positions
 ``prefix_len .. seq_len - 1`` and see every key at a position not after their own.
+An fp8 cache (``--kv-cache-dtype fp8_*``, which only the CUDA matrix allows) stores value / scale
+and is read back upcast times the scale (per-tensor ``k_scale`` / ``v_scale``, 1.0 unless set).
 """
 
 from __future__ import annotations
@@ -15,7 +17,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from infer.core.ops.attention import AttentionBackend, AttentionMetadata, write_kv
+from infer.core.ops.attention import (
+    AttentionBackend,
+    AttentionConfig,
+    AttentionMetadata,
+    read_pages,
+    write_kv,
+)
 
 from infer_cpu import kernels
 
@@ -33,6 +41,11 @@ class _SeqPlan:
 class TorchNativeAttention(AttentionBackend):
     name = "torch_native"
     supports_graph_capture = False
+
+    def __init__(self, config: AttentionConfig) -> None:
+        super().__init__(config)
+        self.k_scale = 1.0  # per-tensor scales of an fp8 cache (stored value = k / k_scale)
+        self.v_scale = 1.0
 
     def plan(self, meta: AttentionMetadata) -> None:
         """Per-sequence row ranges, page lists and masks, shared by every layer of the step."""
@@ -80,17 +93,17 @@ class TorchNativeAttention(AttentionBackend):
                 return out
             self._native_decode = False  # inputs the kernel does not take: torch for this step
             self._make_plans(meta)
-        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
         hkv, d = k_cache.shape[-2], k_cache.shape[-1]
         if self._decode_mask is not None:
             return self._decode(q, k_cache, v_cache)
         out = torch.empty_like(q)
         for p in self._plans:
-            ks = k_cache.index_select(0, p.pages).reshape(-1, hkv, d)[:p.seq_len]  # [S, Hkv, D]
-            vs = v_cache.index_select(0, p.pages).reshape(-1, hkv, d)[:p.seq_len]
-            qi = q[p.start:p.end].transpose(0, 1)  # [H, ext, D]
+            ks = read_pages(k_cache, p.pages, q.dtype, self.k_scale).reshape(-1, hkv, d)[:p.seq_len]
+            vs = read_pages(v_cache, p.pages, q.dtype, self.v_scale).reshape(-1, hkv, d)[:p.seq_len]
+            qi = q[p.start:p.end].transpose(0, 1)  # [H, ext, D]; ks, vs [S, Hkv, D]
             o = F.scaled_dot_product_attention(
-                qi, ks.transpose(0, 1).to(q.dtype), vs.transpose(0, 1).to(q.dtype),
+                qi, ks.transpose(0, 1), vs.transpose(0, 1),
                 attn_mask=p.mask, is_causal=p.causal, scale=self.config.scale, enable_gqa=True)
             out[p.start:p.end] = o.transpose(0, 1)
         return out
@@ -98,9 +111,9 @@ class TorchNativeAttention(AttentionBackend):
     def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """One query per sequence: q [B, H, D] against each sequence's padded pages."""
         b, (hkv, d) = q.shape[0], k_cache.shape[-2:]
-        ks = k_cache.index_select(0, self._decode_pages).reshape(b, -1, hkv, d)  # [B, S, Hkv, D]
-        vs = v_cache.index_select(0, self._decode_pages).reshape(b, -1, hkv, d)
-        o = F.scaled_dot_product_attention(
-            q[:, :, None, :], ks.transpose(1, 2).to(q.dtype), vs.transpose(1, 2).to(q.dtype),
+        ks = read_pages(k_cache, self._decode_pages, q.dtype, self.k_scale).reshape(b, -1, hkv, d)
+        vs = read_pages(v_cache, self._decode_pages, q.dtype, self.v_scale).reshape(b, -1, hkv, d)
+        o = F.scaled_dot_product_attention(  # ks, vs [B, S, Hkv, D]
+            q[:, :, None, :], ks.transpose(1, 2), vs.transpose(1, 2),
             attn_mask=self._decode_mask, scale=self.config.scale, enable_gqa=True)  # [B, H, 1, D]
         return o[:, :, 0, :]

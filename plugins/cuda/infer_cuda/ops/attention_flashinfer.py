@@ -2,7 +2,8 @@
 
 The wrappers are planned once per batch in ``plan`` (page lists built from the block tables) and
 run once per layer. Our cache layout [num_pages, page_size, Hkv, D] is FlashInfer's "NHD". New
-k/v are written with our Triton store kernel first. FlashInfer runs fp16/bf16 only; graph capture
+k/v are written with our Triton store kernel first. FlashInfer runs fp16/bf16 only, with the cache
+in the model dtype (an fp8 KV cache is refused: use triton); graph capture
 is not wired for it (its decode wrapper needs fixed-size CUDA-graph buffers), so the graph runner
 runs it eagerly.
 """
@@ -37,11 +38,16 @@ class FlashInferAttention(AttentionBackend):
 
     def __init__(self, config: AttentionConfig) -> None:
         super().__init__(config)
-        import flashinfer
-
         if config.dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"--attention-backend flashinfer runs fp16/bf16 only, not {config.dtype}; "
                              "use --attention-backend triton")
+        if config.kv_dtype != config.dtype:
+            raise NotImplementedError(
+                f"--attention-backend flashinfer with a {config.kv_dtype} KV cache is not implemented "
+                f"(only a cache in the model dtype is wired and tested); use --attention-backend "
+                f"triton for --kv-cache-dtype fp8_e4m3 / fp8_e5m2")
+        import flashinfer
+
         self.k_scale = 1.0
         self.v_scale = 1.0
         self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=config.device)
