@@ -215,6 +215,8 @@ def main() -> None:
     ap.add_argument("--disable-cuda-graph", action="store_true")
     ap.add_argument("--enable-torch-compile", action="store_true")
     ap.add_argument("--disable-overlap-schedule", action="store_true")
+    ap.add_argument("--quantization", default=None, help="e.g. fp8 (online, per-channel weights)")
+    ap.add_argument("--kv-cache-dtype", default="auto")
     ap.add_argument("--enable-piecewise-cuda-graph", action="store_true",
                     help="CUDA graphs for single-sequence prefill (TTFT)")
     ap.add_argument("--hf-peer", action="store_true", help="also time transformers' generate")
@@ -234,17 +236,20 @@ def main() -> None:
                     cuda_graph_bs=sorted(set(a.batch)), max_running_requests=max(a.batch),
                     enable_torch_compile=a.enable_torch_compile, torch_compile_max_bs=max(a.batch),
                     chunked_prefill_size=8192, disable_overlap_schedule=a.disable_overlap_schedule,
-                    enable_piecewise_cuda_graph=a.enable_piecewise_cuda_graph)
+                    enable_piecewise_cuda_graph=a.enable_piecewise_cuda_graph,
+                    quantization=a.quantization, kv_cache_dtype=a.kv_cache_dtype)
     if a.max_total_tokens:
         settings["max_total_tokens"] = a.max_total_tokens
     rows = []
     for b in a.batch:
         r = run_engine(model_dir, b, a.input_len, a.output_len, settings, a.profile)
         ctx = a.input_len + a.output_len / 2
-        bound = b / (step_bytes(cfg, b, ctx, r["weight_bytes"]) / bw)
+        kv_bytes = 1 if a.kv_cache_dtype.startswith("fp8") else 2
+        bound = b / (step_bytes(cfg, b, ctx, r["weight_bytes"], kv_bytes) / bw)
         r.update(model=a.model, engine="infer", backend=a.attention_backend,
                  torch_compile=a.enable_torch_compile, overlap=not a.disable_overlap_schedule,
-                 prefill_graphs=a.enable_piecewise_cuda_graph,
+                 prefill_graphs=a.enable_piecewise_cuda_graph, quantization=a.quantization,
+                 kv_cache_dtype=a.kv_cache_dtype,
                  cuda_graph=not a.disable_cuda_graph, bound_tok_s=bound,
                  frac_of_bound=r["decode_tok_s"] / bound)
         print(json.dumps(r), flush=True)
@@ -259,7 +264,8 @@ def main() -> None:
         Path(a.json_out).write_text(json.dumps({"device": dev, "bw": bw, "rows": rows}, indent=1))
     print(f"\n{dev}  D2D {bw / 1e9:.0f} GB/s  model {a.model}  in {a.input_len} out {a.output_len}")
     print(f"compile={a.enable_torch_compile} overlap={not a.disable_overlap_schedule} "
-          f"prefill_graphs={a.enable_piecewise_cuda_graph}")
+          f"prefill_graphs={a.enable_piecewise_cuda_graph} quantization={a.quantization} "
+          f"kv_cache_dtype={a.kv_cache_dtype}")
     print(f"{'engine':<13}{'batch':>6}{'decode tok/s':>14}{'bound':>9}{'frac':>7}{'TTFT ms':>9}")
     for r in rows:
         print(f"{r['engine']:<13}{r['batch']:>6}{r['decode_tok_s']:>14.1f}{r['bound_tok_s']:>9.0f}"

@@ -150,6 +150,29 @@ def test_inputs_the_kernels_do_not_take_give_none():
     assert not kernels.rope_(torch.zeros(2, dtype=torch.int64), q, q, torch.randn(4, 8), 8)
 
 
+def test_tensors_off_the_cpu_give_none():
+    """The torch_native backend also runs as the reference on CUDA: tensors on another device
+    must take the torch path, never reach the C kernels (which read host memory)."""
+    m = torch.device("meta")
+    x, w = torch.empty(2, 8, device=m), torch.empty(8, device=m)
+    assert kernels.rms_norm(x, w, 1e-6) is None
+    assert kernels.rms_norm(torch.randn(2, 8), w, 1e-6) is None  # weight elsewhere
+    assert kernels.silu_mul(torch.empty(2, 8, device=m)) is None
+    q, k = torch.empty(2, 4, 8, device=m), torch.empty(2, 2, 8, device=m)
+    pos = torch.zeros(2, dtype=torch.int64)
+    assert kernels.rope_(pos, q, k, torch.randn(16, 8), 8) is None
+    assert kernels.rope_(pos.to(m), torch.randn(2, 4, 8), torch.randn(2, 2, 8),
+                         torch.randn(16, 8), 8) is None
+    cache = torch.empty(4, 2, 2, 8, device=m)
+    assert kernels.paged_decode(q, k, k, cache, cache, torch.zeros(2, dtype=torch.int64, device=m),
+                                torch.zeros(2, 1, dtype=torch.int32, device=m),
+                                torch.ones(2, dtype=torch.int32, device=m), 2, 0.3) is None
+    cpu_q, cpu_k = torch.randn(2, 4, 8), torch.randn(2, 2, 8)  # CPU activations, cache elsewhere
+    assert kernels.paged_decode(cpu_q, cpu_k, cpu_k, cache, cache, torch.zeros(2, dtype=torch.int64),
+                                torch.zeros(2, 1, dtype=torch.int32),
+                                torch.ones(2, dtype=torch.int32), 2, 0.3) is None
+
+
 def test_status_names_the_library():
     st = kernels.status()
     assert st.available and "libinfer_cpu_kernels" in st.detail

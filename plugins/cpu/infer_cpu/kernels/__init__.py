@@ -118,7 +118,13 @@ _F32 = torch.float32
 
 def _f32_rows(t: torch.Tensor) -> bool:
     """float32 CPU, 2-D with unit column stride (rows may be strided)."""
-    return t.dtype is _F32 and t.dim() == 2 and t.stride(1) == 1 and not t.is_cuda
+    return t.dtype is _F32 and t.dim() == 2 and t.stride(1) == 1 and _on_cpu(t)
+
+
+def _on_cpu(*ts: torch.Tensor) -> bool:
+    """The kernels read host memory: a tensor on any other device (a CUDA reference run of the
+    torch_native backend, say) goes to the torch path."""
+    return all(t.device.type == "cpu" for t in ts)
 
 
 # -- quantized weights (``infer_cpu.quant.packing.QWeight``: GGUF Q4_1 / Q8_0 blocks) ------
@@ -160,7 +166,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """(normed, x + residual or None), or None when the inputs do not fit the kernel."""
     lib = _lib()
-    if lib is None or x.dim() != 2 or not _f32_rows(x) or weight.dtype != torch.float32:
+    if (lib is None or x.dim() != 2 or not _f32_rows(x) or weight.dtype != torch.float32
+            or not _on_cpu(weight)):
         return None
     if residual is not None and (not _f32_rows(residual) or residual.shape != x.shape):
         return None
@@ -176,9 +183,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 
 def _heads_view(t: torch.Tensor) -> bool:
-    """[T, heads, D] float32 with contiguous heads (the row stride may be larger)."""
+    """[T, heads, D] float32 on the CPU with contiguous heads (the row stride may be larger)."""
     return (t.dtype == torch.float32 and t.dim() == 3 and t.stride(2) == 1
-            and t.stride(1) == t.shape[2])
+            and t.stride(1) == t.shape[2] and _on_cpu(t))
 
 
 def rope_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor,
@@ -188,6 +195,7 @@ def rope_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: to
     lib = _lib()
     if (lib is None or not _heads_view(q) or not _heads_view(k) or positions.dtype != torch.int64
             or not positions.is_contiguous() or cos_sin.dtype != torch.float32
+            or not _on_cpu(positions, cos_sin)
             or not cos_sin.is_contiguous() or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]):
         return None
     t, h, d = q.shape
@@ -217,7 +225,8 @@ def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: tor
             or not (k_cache.is_contiguous() and v_cache.is_contiguous())
             or slots.dtype != torch.int64 or block_tables.dtype != torch.int32
             or seq_lens.dtype != torch.int32 or block_tables.stride(1) != 1
-            or not (slots.is_contiguous() and seq_lens.is_contiguous())):
+            or not (slots.is_contiguous() and seq_lens.is_contiguous())
+            or not _on_cpu(k_cache, v_cache, slots, block_tables, seq_lens)):
         return None
     b, h, d = q.shape
     out = torch.empty(b, h, d, dtype=torch.float32)

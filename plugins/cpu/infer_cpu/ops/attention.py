@@ -51,7 +51,7 @@ class TorchNativeAttention(AttentionBackend):
         """Per-sequence row ranges, page lists and masks, shared by every layer of the step."""
         super().plan(meta)
         self._native_decode = (meta.is_decode_only and self.config.kv_dtype == torch.float32
-                               and kernels.load() is not None)
+                               and self.config.device.type == "cpu" and kernels.load() is not None)
         self._plans = None
         if not self._native_decode:
             self._make_plans(meta)
