@@ -46,6 +46,9 @@ def check_cross_flags(a: Any) -> None:
         _fail(f"{n('gpu_id_step')} {a.gpu_id_step}: must be at least 1")
     if a.moe_dense_tp_size not in (None, 1):
         _fail(f"{n('moe_dense_tp_size')} {a.moe_dense_tp_size}: only 1 (or unset) is supported")
+    if a.enable_piecewise_cuda_graph and a.disable_cuda_graph:
+        _fail(f"{n('enable_piecewise_cuda_graph')} captures prefill CUDA graphs, which "
+              f"{n('disable_cuda_graph')} turns off; use only one")
     if a.speculative_algorithm is not None and a.enable_mixed_chunk:
         _fail(f"{n('enable_mixed_chunk')} cannot be combined with {n('speculative_algorithm')}")
     if (a.chunked_prefill_size is not None and a.chunked_prefill_size > 0

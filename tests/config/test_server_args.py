@@ -136,6 +136,8 @@ def test_unset_deprecated_flags_do_nothing():
     ({"dp_size": 2, "nnodes": 2, "tp_size": 2}, "multi-node data parallelism needs --enable-dp-attention"),
     ({"chunked_prefill_size": 100, "page_size": 16}, "--chunked-prefill-size 100 must be divisible by --page-size 16"),
     ({"speculative_algorithm": "EAGLE", "enable_mixed_chunk": True}, "--enable-mixed-chunk cannot be combined"),
+    ({"enable_piecewise_cuda_graph": True, "disable_cuda_graph": True},
+     "--enable-piecewise-cuda-graph captures prefill CUDA graphs, which --disable-cuda-graph"),
     ({"enable_dp_lm_head": True}, "--enable-dp-lm-head needs --enable-dp-attention"),
     ({"max_loaded_loras": 2, "max_loras_per_batch": 4}, "--max-loaded-loras 2 must be at least"),
     ({"moe_dense_tp_size": 2}, "--moe-dense-tp-size 2"),

@@ -61,6 +61,9 @@ class CudaPlatform(Platform):
             backend, why = self.default_attention_backend, f"default attention backend on {self.generation}"
             if backend == "flashinfer" and str(getattr(args, "kv_cache_dtype", "auto")).startswith("fp8"):
                 backend, why = "triton", "an fp8 KV cache runs on the Triton kernels (flashinfer refuses it)"
+            elif backend == "flashinfer" and getattr(args, "enable_piecewise_cuda_graph", False):
+                backend, why = "triton", ("prefill CUDA graphs (--enable-piecewise-cuda-graph) capture "
+                                          "the Triton kernels (flashinfer plans prefill on the host)")
             out.append(SettingAdjustment("attention_backend", backend, why))
         return out
 

@@ -161,6 +161,19 @@ def test_default_backend_is_triton_with_an_fp8_cache(kv, expect):
     assert (adj.name, adj.value) == ("attention_backend", expect)
 
 
+@pytest.mark.parametrize("piecewise,expect", [(True, "triton"), (False, "flashinfer")])
+def test_default_backend_is_triton_with_prefill_graphs(piecewise, expect):
+    """Prefill CUDA graphs capture the Triton kernels: with the flag and no backend chosen, the
+    sm90 default (flashinfer when installed) becomes triton instead of refusing at start-up."""
+    from infer_cuda.platform import CudaPlatform
+
+    plat = SimpleNamespace(default_attention_backend="flashinfer", generation="sm90")
+    args = SimpleNamespace(attention_backend=None, kv_cache_dtype="auto",
+                           enable_piecewise_cuda_graph=piecewise)
+    (adj,) = CudaPlatform.default_adjustments(plat, args)
+    assert (adj.name, adj.value) == ("attention_backend", expect)
+
+
 # -- --quantization fp8 through the loader --------------------------------------------------------
 def test_quantization_fp8_picks_the_fp8_method_for_dense_layers_only(host, llama_dir):
     from infer.core.model.layers.linear import LinearBase
