@@ -75,7 +75,20 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(venv_params=VENV)
 def device(session: nox.Session) -> None:
-    """GPU tests (opt-in, needs a CUDA machine): the tests marked ``gpu``."""
+    """On a CUDA machine (opt-in), in one call: the CUDA plugin's tests compiled on the GPU (every
+    Triton kernel and backend against its reference, the engine end to end), the ``gpu``-marked
+    tests elsewhere, then the GPU benchmarks reported in benchmarks/RESULTS.md. Posargs replace
+    the benchmark's arguments (default: Llama-3-8B shape, batch 1 and 64, torch.compile and
+    prefill CUDA graphs; then the Mixtral shape)."""
     install_infer(session)
-    session.run("python", "-m", "pytest", "-m", "gpu", "tests", *plugin_test_dirs(),
-                *session.posargs)
+    session.run("python", "-m", "pytest", "plugins/cuda/tests")
+    session.run("python", "-m", "pytest", "-m", "gpu", "tests",
+                *[d for d in plugin_test_dirs() if not d.startswith("plugins/cuda")])
+    bench = ["python", "benchmarks/gpu/bench_engine.py"]
+    if session.posargs:
+        session.run(*bench, *session.posargs)
+        return
+    fast = ["--enable-torch-compile", "--enable-piecewise-cuda-graph"]
+    session.run(*bench, "--model", "llama3-8b", "--batch", "1", "64", *fast)
+    session.run(*bench, "--model", "mixtral-16l", "--batch", "1", "64", "--max-total-tokens",
+                "40000", *fast)
