@@ -263,10 +263,8 @@ class EngineCore:
     @staticmethod
     def _needs_host_tokens(req: Request) -> bool:
         """The request's next step (or this step's result) needs its token values on the host."""
-        p = req.params
-        return (req.grammar is not None or p.repetition_penalty != 1.0 or bool(p.frequency_penalty)
-                or bool(p.presence_penalty) or p.max_new_tokens == 0
-                or (req.return_logprob and req.logprob_start_len >= 0 and not req.output_ids))
+        return (req.grammar is not None or req.params.has_penalties
+                or req.params.max_new_tokens == 0 or req.wants_prompt_logprobs)
 
     def _complete(self, launched: LaunchedStep) -> list[RequestOutput]:
         """Wait for a launched step, apply its tokens and report the requests it ran."""

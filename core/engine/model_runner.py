@@ -107,8 +107,7 @@ class ModelRunner:
                 max_context_len=self.context_length))
         self.attn_backend = ctx.attn_backend
         # overlap scheduling: row i holds the id sampled for row i of the last deferred step
-        self._future = torch.zeros(max(1, getattr(server_args, "max_running_requests", None) or 256),
-                                   dtype=torch.int64, device=self.device)
+        self._future = torch.zeros(0, dtype=torch.int64, device=self.device)
         self.graph_runner = self._make_graph_runner(server_args)
 
     # -- graph runner --------------------------------------------------------------------------
@@ -194,7 +193,7 @@ class ModelRunner:
             pages = r.pages
             slots.extend(pages[p // ps] * ps + p % ps for p in range(nc, nc + e))
             first = len(rows)
-            if self._wants_prompt_logprobs(r):  # rows for positions lo .. nc+e-1
+            if r.wants_prompt_logprobs:  # rows for positions lo .. nc+e-1
                 lo = max(nc, r.logprob_start_len)
                 if s.sample:
                     lo = min(lo, nc + e - 1)
@@ -218,10 +217,6 @@ class ModelRunner:
         r.pages_dirty = len(r.pages)
         return row
 
-    @staticmethod
-    def _wants_prompt_logprobs(r: Request) -> bool:
-        return (r.return_logprob and r.logprob_start_len >= 0 and not r.output_ids
-                and r.num_computed < len(r.prompt_ids))
 
     # -- running -------------------------------------------------------------------------------
     def run(self, batch: ScheduleBatch) -> StepResult:
@@ -255,10 +250,8 @@ class ModelRunner:
             ids, packed = self._sample(logits_s, step)
             if defer:
                 b = ids.shape[0]
-                if b > self._future.shape[0]:
-                    grown = torch.zeros(b, dtype=torch.int64, device=self.device)
-                    grown[:self._future.shape[0]] = self._future
-                    self._future = grown
+                if b > self._future.shape[0]:  # the old rows were read by prepare() already
+                    self._future = torch.empty(b, dtype=torch.int64, device=self.device)
                 self._future[:b].copy_(ids)
             # the step's one device->host copy, queued: the host goes on to the next step
             step.host, step.wait = self.platform.to_host_async(packed)
@@ -307,7 +300,7 @@ class ModelRunner:
     def _prompt_logprobs(self, logits: torch.Tensor, batch: ScheduleBatch,
                          spans: list[tuple[Request, int, int]], res: StepResult) -> None:
         for s, (req, first, n) in zip(batch.seqs, spans, strict=True):
-            if not self._wants_prompt_logprobs(req) or n == 0:
+            if not req.wants_prompt_logprobs or n == 0:
                 continue
             lo = max(req.num_computed, req.logprob_start_len)
             n_rows = n - (1 if s.sample else 0)  # rows whose next token is a known prompt token
@@ -360,9 +353,8 @@ class ModelRunner:
     @staticmethod
     def _plain_greedy(r: Request) -> bool:
         p = r.params
-        return (p.greedy and not r.return_logprob and r.grammar is None
-                and p.repetition_penalty == 1.0 and not p.frequency_penalty
-                and not p.presence_penalty and len(r.output_ids) >= p.min_new_tokens)
+        return (p.greedy and not r.return_logprob and r.grammar is None and not p.has_penalties
+                and len(r.output_ids) >= p.min_new_tokens)
 
     def _scatter(self, b: int, rows: list[list[int]], dtype: torch.dtype) -> torch.Tensor:
         """[b, V] on the device: counts (float) or presence (bool) of each row's token ids,

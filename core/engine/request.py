@@ -102,6 +102,12 @@ class Request:
         return self.num_computed < self.seq_len - 1 or not self.output_ids
 
     @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Prompt logprobs asked for, and prompt positions still to compute."""
+        return (self.return_logprob and self.logprob_start_len >= 0 and not self.output_ids
+                and self.num_computed < len(self.prompt_ids))
+
+    @property
     def remaining_new_tokens(self) -> int:
         cap = self.params.max_new_tokens
         by_len = self.max_total_len - self.seq_len

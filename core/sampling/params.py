@@ -111,6 +111,12 @@ class SamplingParams:
         return self.temperature < _GREEDY_EPS or self.top_k == 1
 
     @property
+    def has_penalties(self) -> bool:
+        """Repetition, frequency or presence penalty: sampling reads the token history."""
+        return (self.repetition_penalty != 1.0 or bool(self.frequency_penalty)
+                or bool(self.presence_penalty))
+
+    @property
     def grammar(self) -> tuple[str, str] | None:
         for kind in ("json_schema", "regex", "ebnf"):
             value = getattr(self, kind)
