@@ -21,23 +21,23 @@ import torch
 HERE = Path(__file__).resolve().parent
 
 
-def kernel_table(prof, top: int) -> tuple[float, list[tuple[str, float, int]]]:
+def kernel_table(prof) -> list[tuple[str, float, int]]:
+    """Every kernel name with its summed device time (us) and launch count, largest first."""
     rows = {}
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             t, n = rows.get(e.name, (0.0, 0))
             rows[e.name] = (t + e.time_range.elapsed_us(), n + 1)
-    total = sum(t for t, _ in rows.values())
-    ranked = sorted(((k, t, n) for k, (t, n) in rows.items()), key=lambda r: -r[1])[:top]
-    return total, ranked
+    return sorted(((k, t, n) for k, (t, n) in rows.items()), key=lambda r: -r[1])
 
 
 def show(tag: str, prof, wall_ms: float, reps: int, top: int = 14) -> dict:
-    total_us, ranked = kernel_table(prof, top)
-    per = total_us / reps / 1e3
+    table = kernel_table(prof)
+    ranked = table[:top]
+    per = sum(t for _, t, _ in table) / reps / 1e3
     print(f"\n== {tag}: kernels {per:.3f} ms per run, wall {wall_ms:.3f} ms per run "
           f"(host gap {wall_ms - per:.3f} ms); kernels per run "
-          f"{sum(n for _, _, n in kernel_table(prof, 10**6)[1]) / reps:.0f}")
+          f"{sum(n for _, _, n in table) / reps:.0f}")
     for name, t, n in ranked:
         print(f"  {t / reps / 1e3:8.3f} ms  x{n // reps:<4d} {name[:110]}")
     return {"kernel_ms": per, "wall_ms": wall_ms,
