@@ -59,6 +59,15 @@ class AttentionMetadata:
         return [s - e for s, e in zip(self.seq_lens_cpu, self.extend_lens_cpu, strict=True)]
 
 
+@dataclass(frozen=True)
+class RotaryArgs:
+    """What a backend that fuses rotary needs to rotate q and k itself (see ``fuses_rotary``)."""
+
+    positions: torch.Tensor  # [T] int64
+    cos_sin: torch.Tensor  # [P, R] float32: first half cos, second half sin (``rope_table``)
+    rotary_dim: int  # R: rotate-half over the first R dims of each head, the rest pass through
+
+
 @dataclass
 class KVCache:
     """All layers' caches, allocated once by the model runner: k[i], v[i] are
@@ -83,10 +92,16 @@ class AttentionBackend(ABC):
     return attention over prefix + new tokens. Shapes: q [T, H, D], k and v [T, Hkv, D],
     output [T, H, D] in q's dtype. Graph-capturable backends keep ``plan``'s device writes in
     place (same tensors, new contents) so that a captured graph stays valid.
+
+    A backend with ``fuses_rotary`` set may be given ``rotary``: then q and k arrive before the
+    rotary embedding (views into the fused QKV projection: token and head strides arbitrary, head
+    dims contiguous) and the backend rotates them itself, e.g. in the kernel that writes the cache,
+    saving the separate rotary launches. Without ``rotary`` it gets rotated q and k as usual.
     """
 
     name: str = ""
     supports_graph_capture: bool = False
+    fuses_rotary: bool = False
 
     def __init__(self, config: AttentionConfig) -> None:
         self.config = config
@@ -98,8 +113,10 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor, layer_id: int) -> torch.Tensor:
-        """Write k/v at the batch's slots, return attention output [T, H, D]."""
+                k_cache: torch.Tensor, v_cache: torch.Tensor, layer_id: int,
+                rotary: RotaryArgs | None = None) -> torch.Tensor:
+        """Write k/v at the batch's slots, return attention output [T, H, D]. ``rotary``: only
+        for backends with ``fuses_rotary`` (q and k not yet rotated)."""
 
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)

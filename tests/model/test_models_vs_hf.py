@@ -63,3 +63,30 @@ def test_single_batch_full_prefill(tiny, host, cpu):
     out = PagedDriver(loaded, 1).step(list(enumerate(prompts)))
     for i, p in enumerate(prompts):
         assert rel_err(out[i], full_logits[i][:len(p)]) < 1e-4
+
+
+def test_backend_that_fuses_rotary_gets_unrotated_qk_and_the_table(tiny, host, cpu):
+    """A backend with ``fuses_rotary`` is handed q/k before rotary plus the rotary table, and
+    applying that table itself reproduces transformers' logits (wrong positions, table or
+    rotary_dim would not)."""
+    from infer.core.ops.layer_ops import rotary_ref
+    from infer_cpu.ops.attention import TorchNativeAttention
+
+    arch, path, prompts, _, full_logits = tiny
+    loaded = load_model(str(path), platform=cpu, host=host, dtype="float32",
+                        skip_tokenizer_init=True, progress=False)
+    calls = []
+
+    class RotatingBackend(TorchNativeAttention):
+        fuses_rotary = True
+
+        def forward(self, q, k, v, k_cache, v_cache, layer_id, rotary=None):
+            calls.append(rotary)
+            q, k = rotary_ref(rotary.positions, q, k, rotary.cos_sin, rotary.rotary_dim)
+            return super().forward(q, k, v, k_cache, v_cache, layer_id)
+
+    loaded.ctx.attn_backend = RotatingBackend(loaded.ctx.attn_backend.config)
+    out = PagedDriver(loaded, 4).step(list(enumerate(prompts)))
+    assert len(calls) == loaded.arch.num_layers and all(c is not None for c in calls)
+    for i, p in enumerate(prompts):
+        assert rel_err(out[i], full_logits[i][:len(p)]) < 1e-4

@@ -3,6 +3,8 @@
 ``DecoderAttention`` = fused QKV projection -> optional per-head q/k RMSNorm (Qwen3) -> rotary ->
 backend (writes this layer's new k/v into the cache, attends over prefix + new tokens) -> o_proj.
 Every attention layer of a model shares ``ctx.attn_backend``; the model runner plans it per batch.
+A backend with ``fuses_rotary`` gets q and k unrotated plus the rotary table and applies it in its
+own cache-write kernel (one launch instead of three on CUDA).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from infer.core.engine.forward_batch import ForwardBatch
 from infer.core.model.layers.linear import QKVParallelLinear, RowParallelLinear
 from infer.core.model.layers.norm import RMSNorm
 from infer.core.model.layers.rotary import RotaryEmbedding
+from infer.core.ops.attention import RotaryArgs
 from torch import nn
 
 
@@ -45,7 +48,11 @@ class DecoderAttention(nn.Module):
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        i = self.layer_id
-        o = self.ctx.attn_backend.forward(q, k, v, fwd.kv_cache.k[i], fwd.kv_cache.v[i], i)
+        i, backend = self.layer_id, self.ctx.attn_backend
+        if backend.fuses_rotary:
+            rot = RotaryArgs(positions, self.rotary.cos_sin, self.rotary.rotary_dim)
+            o = backend.forward(q, k, v, fwd.kv_cache.k[i], fwd.kv_cache.v[i], i, rotary=rot)
+        else:
+            q, k = self.rotary(positions, q, k)
+            o = backend.forward(q, k, v, fwd.kv_cache.k[i], fwd.kv_cache.v[i], i)
         return self.o_proj(o.reshape(t, self.q_size))  # [T, hidden]

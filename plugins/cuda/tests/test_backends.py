@@ -44,6 +44,7 @@ def _make(name, cfg):
     return FlashInferAttention(cfg)
 
 
+@pytest.mark.parametrize("rope", [False, True], ids=["rotated", "fused-rotary"])
 @pytest.mark.parametrize("backend", _backends())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("batch", [
@@ -51,7 +52,12 @@ def _make(name, cfg):
     ([30, 7, 64, 1], [1, 1, 1, 1], 16),  # decode-only
     ([0], [40], 1),
 ])
-def test_backend_matches_torch_native(backend, dtype, batch):
+def test_backend_matches_torch_native(backend, dtype, batch, rope):
+    """``rope``: q/k go in unrotated as views of one QKV projection, with the rotary table, to a
+    backend that fuses rotary; the reference gets them rotated by the plain-torch rotary."""
+    from infer.core.model.layers.rotary import rope_table
+    from infer.core.ops.attention import RotaryArgs
+    from infer.core.ops.layer_ops import rotary_ref
     from infer_cpu.ops.attention import TorchNativeAttention
 
     if backend == "flashinfer" and dtype == torch.float32:
@@ -78,19 +84,33 @@ def test_backend_matches_torch_native(backend, dtype, batch):
     caches = [torch.randn(shape, generator=gen).to(dtype).to(dev) for _ in range(2 * layers)]
     ref_caches = [c.clone() for c in caches]
     ours, ref = _make(backend, cfg), TorchNativeAttention(cfg)
+    if rope and not ours.fuses_rotary:
+        pytest.skip(f"{backend} does not fuse rotary")
     ours.plan(meta)
     ref.plan(meta)
     T = sum(ext)
+    positions = torch.tensor([i for p, e in zip(prefix, ext, strict=True) for i in range(p, p + e)],
+                             device=dev)
+    cos_sin = rope_table(d, 128, {"rope_theta": 10000.0}).to(dev)
+    tol = bf16_tol() if dtype == torch.bfloat16 else 1e-4
     for layer in range(layers):
-        q = torch.randn(T, h, d, generator=gen).to(dtype).to(dev)
-        k = torch.randn(T, hkv, d, generator=gen).to(dtype).to(dev)
-        v = torch.randn(T, hkv, d, generator=gen).to(dtype).to(dev)
-        out = ours.forward(q, k, v, caches[2 * layer], caches[2 * layer + 1], layer)
+        qkv = torch.randn(T, (h + 2 * hkv) * d, generator=gen).to(dtype).to(dev)
+        q, k, v = (x.view(T, -1, d) for x in qkv.split([h * d, hkv * d, hkv * d], dim=-1))
+        if rope:
+            out = ours.forward(q, k, v, caches[2 * layer], caches[2 * layer + 1], layer,
+                               rotary=RotaryArgs(positions, cos_sin, d))
+            q, k = rotary_ref(positions, q.float(), k.float(), cos_sin, d)
+            q, k = q.to(dtype), k.to(dtype)
+        else:
+            out = ours.forward(q, k, v, caches[2 * layer], caches[2 * layer + 1], layer)
         expect = ref.forward(q, k, v, ref_caches[2 * layer], ref_caches[2 * layer + 1], layer)
         assert out.shape == q.shape and out.dtype == dtype
-        tol = bf16_tol() if dtype == torch.bfloat16 else 1e-4
         assert rel_err(out, expect.float()) < tol
-        assert torch.equal(caches[2 * layer], ref_caches[2 * layer])  # same k written, same slots
+        if rope:  # rotated in float32 and rounded once by both: equal but for the last bit
+            assert rel_err(caches[2 * layer], ref_caches[2 * layer]) < tol
+            assert torch.equal(caches[2 * layer + 1], ref_caches[2 * layer + 1])
+        else:
+            assert torch.equal(caches[2 * layer], ref_caches[2 * layer])  # same k, same slots
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

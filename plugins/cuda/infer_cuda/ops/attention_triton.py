@@ -7,16 +7,23 @@ kernel's grid depends only on the host ``max_extend_len`` and the number of sequ
 extend forward can be captured too (``supports_extend_graph_capture``): the graph runner fixes
 ``max_extend_len`` to its token bucket and pads the tokens; the kernel zeroes the padding rows.
 An fp8 KV cache stores value / scale (per-tensor scales ``k_scale`` / ``v_scale``, 1.0 unless set).
+The backend fuses rotary: one kernel rotates q and k and writes k/v into the cache (the rotary
+op alone took two launches per layer, plus a copy of q, in the compiled decode step).
 """
 
 from __future__ import annotations
 
 import torch
-from infer.core.ops.attention import AttentionBackend, AttentionConfig, AttentionMetadata
+from infer.core.ops.attention import (
+    AttentionBackend,
+    AttentionConfig,
+    AttentionMetadata,
+    RotaryArgs,
+)
 
 from infer_cuda.kernels.decode_attention import decode_attention, pick_num_splits
 from infer_cuda.kernels.extend_attention import extend_attention
-from infer_cuda.kernels.kv_store import store_kv
+from infer_cuda.kernels.kv_store import rope_store_kv, store_kv
 
 
 def _num_sms(device: torch.device) -> int:
@@ -29,6 +36,7 @@ class TritonAttention(AttentionBackend):
     name = "triton"
     supports_graph_capture = True
     supports_extend_graph_capture = True
+    fuses_rotary = True
 
     def __init__(self, config: AttentionConfig) -> None:
         super().__init__(config)
@@ -45,11 +53,16 @@ class TritonAttention(AttentionBackend):
 
     @torch.compiler.disable  # launched as is inside a torch.compile'd model (a graph break)
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor, layer_id: int) -> torch.Tensor:
+                k_cache: torch.Tensor, v_cache: torch.Tensor, layer_id: int,
+                rotary: RotaryArgs | None = None) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D], caches [P, page, Hkv, D] -> [T, H, D]."""
         meta = self.meta
         assert meta is not None, "plan() must run before forward()"
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
+        if rotary is not None:
+            q = rope_store_kv(q, k, v, rotary.positions, rotary.cos_sin, rotary.rotary_dim,
+                              k_cache, v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
+        else:
+            store_kv(k, v, k_cache, v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
         if q.stride(-1) != 1:
             q = q.contiguous()
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
