@@ -1,8 +1,8 @@
 """``flashinfer`` attention backend: FlashInfer's paged prefill / decode wrappers.
 
 The wrappers are planned once per batch in ``plan`` (page lists built from the block tables) and
-run once per layer. Our cache layout [num_pages, page_size, Hkv, D] is FlashInfer's "NHD". New
-k/v are written with our Triton store kernel first. FlashInfer runs fp16/bf16 only, with the cache
+run once per layer. Our cache layout [num_pages, page_size, Hkv, D] is FlashInfer's "NHD". q and k
+are rotated, and k/v written, by our Triton rope + store kernel first. FlashInfer runs fp16/bf16 only, with the cache
 in the model dtype (an fp8 KV cache is refused: use triton); graph capture
 is not wired for it (its decode wrapper needs fixed-size CUDA-graph buffers), so the graph runner
 runs it eagerly.
@@ -11,9 +11,14 @@ runs it eagerly.
 from __future__ import annotations
 
 import torch
-from infer.core.ops.attention import AttentionBackend, AttentionConfig, AttentionMetadata
+from infer.core.ops.attention import (
+    AttentionBackend,
+    AttentionConfig,
+    AttentionMetadata,
+    RotaryArgs,
+)
 
-from infer_cuda.kernels.kv_store import store_kv
+from infer_cuda.kernels.kv_store import rope_store_kv, store_kv
 
 WORKSPACE_BYTES = 128 * 2**20
 
@@ -35,6 +40,7 @@ def paged_kv_indices(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tenso
 class FlashInferAttention(AttentionBackend):
     name = "flashinfer"
     supports_graph_capture = False
+    fuses_rotary = True
 
     def __init__(self, config: AttentionConfig) -> None:
         super().__init__(config)
@@ -70,10 +76,15 @@ class FlashInferAttention(AttentionBackend):
                                causal=True, **common)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor, layer_id: int) -> torch.Tensor:
+                k_cache: torch.Tensor, v_cache: torch.Tensor, layer_id: int,
+                rotary: RotaryArgs | None = None) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D], caches [P, page, Hkv, D] -> [T, H, D]."""
         assert self.meta is not None, "plan() must run before forward()"
-        store_kv(k, v, k_cache, v_cache, self.meta.slot_mapping, self.k_scale, self.v_scale)
-        q = q.contiguous()
+        if rotary is not None:  # our rotary + cache-write kernel, then FlashInfer's attention
+            q = rope_store_kv(q, k, v, rotary.positions, rotary.cos_sin, rotary.rotary_dim,
+                              k_cache, v_cache, self.meta.slot_mapping, self.k_scale, self.v_scale)
+        else:
+            store_kv(k, v, k_cache, v_cache, self.meta.slot_mapping, self.k_scale, self.v_scale)
+            q = q.contiguous()
         wrapper = self._decode if self._is_decode else self._prefill
         return wrapper.run(q, (k_cache, v_cache))
