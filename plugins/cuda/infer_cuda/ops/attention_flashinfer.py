@@ -2,8 +2,8 @@
 
 The wrappers are planned once per batch in ``plan`` (page lists built from the block tables) and
 run once per layer. Our cache layout [num_pages, page_size, Hkv, D] is FlashInfer's "NHD". q and k
-are rotated, and k/v written, by our Triton rope + store kernel first. FlashInfer runs fp16/bf16 only, with the cache
-in the model dtype (an fp8 KV cache is refused: use triton); graph capture
+are rotated, and k/v written, by our Triton rope + store kernel first. FlashInfer runs fp16/bf16
+only, with the cache in the model dtype (an fp8 KV cache is refused: use triton); graph capture
 is not wired for it (its decode wrapper needs fixed-size CUDA-graph buffers), so the graph runner
 runs it eagerly.
 """
