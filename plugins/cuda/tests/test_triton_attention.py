@@ -48,20 +48,27 @@ def test_store_then_extend(case, dtype):
     assert rel_err(out, reference_attention(pb, d ** -0.5)) < _tol(dtype)
 
 
+@pytest.mark.parametrize("fused_merge", [False, True], ids=["merge-kernel", "fused-merge"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_splits", [1, 3, 8])
-def test_store_then_decode(dtype, num_splits):
-    from infer_cuda.kernels.decode_attention import decode_attention
+def test_store_then_decode(dtype, num_splits, fused_merge):
+    """Lengths 1..51 with 8 splits of 16 leave some splits empty (lse -inf), which the merge
+    must skip; the fused merge must leave its tickets at 0 for the next launch."""
+    from infer_cuda.kernels import decode_attention as da
     from infer_cuda.kernels.kv_store import store_kv
 
     gen = torch.Generator().manual_seed(torch.seed() % 2**31)
     prefix = [0, 9, 50, 33]
     pb = make_paged_batch(prefix, [1] * 4, 8, 2, 32, 4, dtype, KERNEL_DEVICE, gen)
     store_kv(pb.k_new, pb.v_new, pb.k_cache, pb.v_cache, pb.slot_mapping)
-    out = torch.full_like(pb.q, float("nan"))
-    decode_attention(pb.q, pb.k_cache, pb.v_cache, pb.block_tables, pb.seq_lens, out,
-                     scale=32 ** -0.5, num_splits=num_splits, block_n=16)
-    assert rel_err(out, reference_attention(pb, 32 ** -0.5)) < _tol(dtype)
+    expect = reference_attention(pb, 32 ** -0.5)
+    for _ in range(2):  # a second launch reuses the tickets the first one left
+        out = torch.full_like(pb.q, float("nan"))
+        da.decode_attention(pb.q, pb.k_cache, pb.v_cache, pb.block_tables, pb.seq_lens, out,
+                            scale=32 ** -0.5, num_splits=num_splits, block_n=16,
+                            fused_merge=fused_merge)
+        assert rel_err(out, expect) < _tol(dtype)
+        assert int(da._counters(out.device, 8).count_nonzero()) == 0
 
 
 def test_store_skips_negative_slots():
