@@ -41,7 +41,7 @@ def register_attention_backends(register: Any) -> None:
 
 @hookimpl
 def register_linear_methods(register: Any) -> None:
-    register(None, "infer_cpu.ops.linear:DenseLinearMethod", PLATFORM)  # F.linear: cuBLAS
+    register(None, "infer_cuda.ops.linear_dense:CudaDenseLinearMethod", PLATFORM)  # cuBLAS / GEMV
     register("fp8", "infer_cuda.ops.linear_fp8:Fp8LinearMethod", PLATFORM)
 
 

@@ -1,0 +1,58 @@
+"""The default (unquantized) linear method on CUDA: cuBLAS (F.linear), except small-M calls
+(decode, M <= 8 rows) of a shape where a Triton GEMV was timed faster (``kernels/gemv.py``).
+
+Under torch.compile the small-M call is the opaque custom op ``infer_cuda::gemv``: Dynamo traces
+with fake tensors and cannot time anything, so the op decides at its first real call (the graph
+runner's warm-up, before capture) and the compiled graph has no break either way.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from infer_cpu.ops.linear import DenseLinearMethod
+from torch import nn
+
+from infer_cuda.kernels import gemv as gemv_kernel
+from infer_cuda.kernels.common import interpreting
+
+SMALL_M_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] -> [M, N] by whichever of cuBLAS and the Triton GEMV ``pick`` chose for the shape."""
+    choice = gemv_kernel.pick(x.shape[0], weight.shape[0], x.shape[1], x.dtype, x.device, weight)
+    if choice == "cublas":
+        return F.linear(x, weight, bias)
+    return gemv_kernel.gemv(x, weight, bias, choice)
+
+
+@torch.library.custom_op("infer_cuda::gemv", mutates_args=(),
+                         schema="(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
+def gemv_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return small_m_linear(x, weight, bias)
+
+
+@gemv_op.register_fake
+def _gemv_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+def small_m_eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """x [M, K] may take the GEMV: 1..MAX_M rows of bf16/fp16 on CUDA (or Triton's interpreter)."""
+    return (0 < x.shape[0] <= gemv_kernel.MAX_M and x.dtype in SMALL_M_DTYPES
+            and weight.dtype == x.dtype and (x.is_cuda or interpreting())
+            and gemv_kernel.mode() != "off")
+
+
+class CudaDenseLinearMethod(DenseLinearMethod):
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in] -> [..., out]."""
+        x2 = x.reshape(-1, x.shape[-1])  # [M, in]
+        if not small_m_eligible(x2, layer.weight):
+            return F.linear(x, layer.weight, layer.bias)
+        if torch.compiler.is_compiling():
+            y = torch.ops.infer_cuda.gemv(x2, layer.weight, layer.bias)
+        else:  # eager: skip the dispatcher's cost per call
+            y = small_m_linear(x2, layer.weight, layer.bias)
+        return y.view(*x.shape[:-1], y.shape[-1])

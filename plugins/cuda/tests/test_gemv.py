@@ -1,0 +1,189 @@
+"""The small-M Triton GEMV against F.linear (fresh random inputs each case), its split-K counters,
+the per-shape choice and the CUDA dense linear method that dispatches to it.
+
+Runs compiled on a GPU, or on the CPU under TRITON_INTERPRET=1 (CI); the timed choice and CUDA
+graph replay run on a GPU only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from infer_cuda.kernels import gemv as g
+from kernel_utils import CAN_RUN_KERNELS, INTERPRET, KERNEL_DEVICE, SKIP_REASON, bf16_tol, rel_err
+from torch import nn
+
+pytestmark = pytest.mark.skipif(not CAN_RUN_KERNELS, reason=SKIP_REASON)
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available() or INTERPRET,
+                               reason="needs a CUDA GPU (and TRITON_INTERPRET unset)")
+
+# small blocks, so that K <= 256 still splits (the production CONFIGS do not split K < 512)
+SPLIT_CONFIGS = [(16, 32, 3, 4, 1), (64, 64, 2, 4, 1)]
+
+
+def _inputs(M, N, K, dtype, bias):
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    x = torch.randn(M, K, generator=gen).to(dtype).to(KERNEL_DEVICE)
+    w = torch.randn(N, K, generator=gen).to(dtype).to(KERNEL_DEVICE)
+    b = torch.randn(N, generator=gen).to(dtype).to(KERNEL_DEVICE) if bias else None
+    return x, w, b
+
+
+def _check(out, x, w, b):
+    assert out.shape == (x.shape[0], w.shape[0]) and out.dtype == x.dtype
+    if out.numel() == 0:
+        return
+    ref = F.linear(x.double(), w.double(), None if b is None else b.double())
+    assert rel_err(out, ref) < (1e-5 if x.dtype == torch.float32 else bf16_tol())
+
+
+@pytest.mark.parametrize("config", g.CONFIGS + SPLIT_CONFIGS, ids=str)
+def test_each_config(config):
+    x, w, b = _inputs(3, 37, 100, torch.float32, bias=True)
+    _check(g.gemv(x, w, b, config), x, w, b)
+
+
+@pytest.mark.parametrize("M,N,K,dtype,bias", [
+    (1, 1, 16, torch.float32, True),
+    (3, 37, 100, torch.bfloat16, False),
+    (8, 128, 256, torch.bfloat16, True),
+    (1, 300, 256, torch.float32, False),
+    (2, 300, 16, torch.float16, True),
+    (0, 37, 100, torch.bfloat16, True),
+])
+def test_shapes(M, N, K, dtype, bias):
+    x, w, b = _inputs(M, N, K, dtype, bias)
+    _check(g.gemv(x, w, b, SPLIT_CONFIGS[1]), x, w, b)
+
+
+def test_strided_rows():
+    x, w, b = _inputs(3, 37, 100 + 28, torch.bfloat16, bias=True)
+    x = x[:, 20:120]  # row stride 128, not K
+    assert not x.is_contiguous()
+    _check(g.gemv(x, w[:, :100].contiguous(), b, SPLIT_CONFIGS[0]), x, w[:, :100], b)
+    _check(g.gemv(x.t().contiguous().t(), w[:, :100], b, SPLIT_CONFIGS[0]), x, w[:, :100], b)
+
+
+def test_split_k_counters_reset():
+    x, w, b = _inputs(2, 37, 100, torch.float32, bias=True)
+    config = SPLIT_CONFIGS[0]
+    first = g.gemv(x, w, b, config)
+    counters = g._COUNTERS[(x.device, -(-37 // config[0]))]
+    assert counters.numel() == 3 and not counters.any()  # 3 N-blocks, each back to 0
+    assert torch.equal(g.gemv(x, w, b, config), first)  # fixed-order sum: bitwise the same
+    _check(first, x, w, b)
+
+
+def test_rejects_mismatched_inputs():
+    x, w, _ = _inputs(9, 8, 16, torch.float32, bias=False)
+    with pytest.raises(ValueError, match="at most 8 rows"):
+        g.gemv(x, w, None, SPLIT_CONFIGS[0])
+    with pytest.raises(ValueError, match="x's dtype"):
+        g.gemv(x[:2], w.to(torch.bfloat16), None, SPLIT_CONFIGS[0])
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the choice without a GPU")
+def test_pick_without_gpu(monkeypatch):
+    args = (1, 64, 64, torch.bfloat16, torch.device("cpu"))
+    monkeypatch.delenv("INFER_CUDA_GEMV", raising=False)
+    assert g.pick(*args) == "cublas"
+    monkeypatch.setenv("INFER_CUDA_GEMV", "off")
+    assert g.pick(*args) == "cublas"
+    monkeypatch.setenv("INFER_CUDA_GEMV", "force")
+    assert g.pick(*args) == g.CONFIGS[0]
+    monkeypatch.setenv("INFER_CUDA_GEMV", "fast")
+    with pytest.raises(ValueError, match="INFER_CUDA_GEMV='fast'"):
+        g.pick(*args)
+
+
+def _layer(N, K, dtype, bias=True):
+    from infer.core.ops.linear import LinearConfig
+    from infer_cuda.ops.linear_dense import CudaDenseLinearMethod
+
+    method = CudaDenseLinearMethod(LinearConfig(None, dtype, torch.device(KERNEL_DEVICE)))
+    layer = nn.Module()
+    method.create_weights(layer, K, N, bias)
+    _, w, b = _inputs(0, N, K, dtype, bias)
+    layer.weight.data = w
+    if bias:
+        layer.bias.data = b
+    return method, layer
+
+
+@pytest.mark.parametrize("lead,gemv_calls", [((2, 3), 1), ((9,), 0)], ids=["M=6", "M=9"])
+def test_method_dispatch(monkeypatch, lead, gemv_calls):
+    """force: small M takes the GEMV (3-d x flattened), large M takes F.linear."""
+    monkeypatch.setenv("INFER_CUDA_GEMV", "force")
+    calls = []
+    real = g.gemv
+    monkeypatch.setattr(g, "gemv", lambda *a: calls.append(a) or real(*a))
+    method, layer = _layer(37, 64, torch.bfloat16)
+    x = torch.randn(*lead, 64).to(torch.bfloat16).to(KERNEL_DEVICE)
+    out = method.apply(layer, x)
+    assert out.shape == (*lead, 37) and len(calls) == gemv_calls
+    _check(out.reshape(-1, 37), x.reshape(-1, 64), layer.weight, layer.bias)
+
+
+@pytest.mark.parametrize("how", ["auto", "off"])
+def test_method_falls_back_to_linear(monkeypatch, how):
+    if how == "auto" and not INTERPRET:
+        pytest.skip("auto times the GEMV on a GPU (test_gpu_pick)")
+    monkeypatch.setenv("INFER_CUDA_GEMV", how)
+    monkeypatch.setattr(g, "gemv", lambda *a: pytest.fail("GEMV called"))
+    method, layer = _layer(37, 64, torch.bfloat16)
+    x = torch.randn(1, 64).to(torch.bfloat16).to(KERNEL_DEVICE)
+    assert torch.equal(method.apply(layer, x), F.linear(x, layer.weight, layer.bias))
+
+
+def test_custom_op_compiles_without_graph_break(monkeypatch):
+    """Under torch.compile the small-M call is the one opaque op, in a single graph."""
+    import infer_cuda.ops.linear_dense  # noqa: F401 (registers infer_cuda::gemv)
+
+    monkeypatch.setenv("INFER_CUDA_GEMV", "force")
+    method, layer = _layer(37, 64, torch.bfloat16)
+    x = torch.randn(2, 64).to(torch.bfloat16).to(KERNEL_DEVICE)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append([n.target for n in gm.graph.nodes if n.op == "call_function"])
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: method.apply(layer, t), backend=backend, fullgraph=True)
+    _check(compiled(x), x, layer.weight, layer.bias)
+    assert len(graphs) == 1 and torch.ops.infer_cuda.gemv in graphs[0]
+    torch.library.opcheck(torch.ops.infer_cuda.gemv.default, (x, layer.weight, layer.bias),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+# -- GPU only ------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (4, 1000, 3000)])
+def test_gpu_pick(monkeypatch, M, N, K):
+    from infer_cuda.ops.linear_dense import small_m_linear
+
+    monkeypatch.delenv("INFER_CUDA_GEMV", raising=False)
+    choice = g.pick(M, N, K, torch.bfloat16, torch.device("cuda"))
+    assert choice == "cublas" or choice in g.CONFIGS
+    x, w, b = _inputs(M, N, K, torch.bfloat16, bias=True)
+    _check(small_m_linear(x, w, b), x, w, b)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_split_k_graph_replay():
+    """The counters reset themselves: a captured split-K launch stays right on every replay."""
+    x, w, b = _inputs(2, 4096, 4096, torch.bfloat16, bias=True)
+    config = (32, 256, 4, 8, 2)
+    g.gemv(x, w, b, config)  # compile and allocate the counters outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = g.gemv(x, w, b, config)
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(y, x, w, b)
