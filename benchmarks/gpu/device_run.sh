@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine (run from the repo root): install infer without network,
 # show the device and `infer doctor`, run the CUDA plugin's tests compiled on the GPU, then the
-# engine benchmarks. Logs land in $OUT. Usage: benchmarks/gpu/device_run.sh [tests] [bench] [flashinfer]
+# engine benchmarks. Logs land in $OUT. Usage: benchmarks/gpu/device_run.sh [tests] [bench] [decode] [flashinfer]
+# `decode`: the batch-1 decode A/B of RESULTS.md in one call: Llama-3-8B shape, compile + prefill
+# graphs, with the Triton GEMV off (cuBLAS only) and on (timed per shape), then the kernel profile.
 set -u
 OUT=${OUT:-/tmp/infer-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -42,4 +44,15 @@ if [[ " $SECTIONS " == *" bench "* ]]; then
   timeout ${MOE_TIMEOUT:-120} python3 benchmarks/gpu/bench_engine.py --model mixtral-16l --batch 1 64 \
     --max-total-tokens 40000 ${MOE_ARGS:-} --json-out "$OUT/bench_mixtral.json" 2>&1 | grep -v "it/s\]" > "$OUT/bench_mixtral.log"
   tail -6 "$OUT/bench_mixtral.log"
+fi
+if [[ " $SECTIONS " == *" decode "* ]]; then
+  for gemv in off auto; do
+    INFER_CUDA_GEMV=$gemv timeout ${DECODE_TIMEOUT:-400} python3 benchmarks/gpu/bench_engine.py --model llama3-8b \
+      --batch 1 64 --enable-torch-compile --enable-piecewise-cuda-graph \
+      --json-out "$OUT/decode_gemv_$gemv.json" 2>&1 | grep -v "it/s\]" > "$OUT/decode_gemv_$gemv.log"
+    echo "== INFER_CUDA_GEMV=$gemv"; tail -6 "$OUT/decode_gemv_$gemv.log"
+  done
+  timeout ${PROFILE_TIMEOUT:-200} python3 benchmarks/gpu/profile_kernels.py --enable-torch-compile \
+    > "$OUT/profile.txt" 2>&1
+  head -45 "$OUT/profile.txt"
 fi

@@ -255,6 +255,7 @@ def time_choices(M: int, N: int, K: int, dtype: torch.dtype, device: torch.devic
     for cfg in candidates(K):
         fns[cfg] = lambda w, cfg=cfg: gemv(x, w, None, cfg)
     calls = weights * math.ceil(8 / len(weights))  # >= 8 calls a replay: event cost amortised
+    expect = F.linear(x, weights[0]).float()
     times: dict[Choice, float] = {}
     for choice, fn in fns.items():
         try:
@@ -263,6 +264,13 @@ def time_choices(M: int, N: int, K: int, dtype: torch.dtype, device: torch.devic
             if choice == "cublas":
                 raise
             log.debug("gemv config %s failed: %s", choice, e)
+            continue
+        # a config is only a candidate if it computes what cuBLAS does, on this GPU
+        err = ((fn(weights[0]).float() - expect).norm() / expect.norm().clamp_min(1e-30)).item()
+        if not err < 1e-2:
+            log.warning("gemv config %s disagrees with cuBLAS (relative error %.2e); not used",
+                        choice, err)
+            del times[choice]
     return times
 
 
