@@ -96,6 +96,16 @@ def test_pick_without_gpu(monkeypatch):
         g.pick(*args)
 
 
+def test_bad_mode_is_a_start_up_error(monkeypatch):
+    """The linear method refuses a bad INFER_CUDA_GEMV when the model is built (a ConfigError,
+    reported as such), not in the first forward."""
+    from infer.core.config.flags import ConfigError
+
+    monkeypatch.setenv("INFER_CUDA_GEMV", "fast")
+    with pytest.raises(ConfigError, match="expected off, auto or force"):
+        _layer(8, 16, torch.bfloat16)
+
+
 def _layer(N, K, dtype, bias=True):
     from infer.core.ops.linear import LinearConfig
     from infer_cuda.ops.linear_dense import CudaDenseLinearMethod

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from infer.core.config.flags import ConfigError
+from infer.core.ops.linear import LinearConfig
 from infer_cpu.ops.linear import DenseLinearMethod
 from torch import nn
 
@@ -46,6 +48,13 @@ def small_m_eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 class CudaDenseLinearMethod(DenseLinearMethod):
+    def __init__(self, config: LinearConfig) -> None:
+        super().__init__(config)
+        try:  # a bad INFER_CUDA_GEMV is a start-up error, not one in the first forward
+            gemv_kernel.mode()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> [..., out]."""
         x2 = x.reshape(-1, x.shape[-1])  # [M, in]
