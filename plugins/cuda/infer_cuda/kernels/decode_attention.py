@@ -96,7 +96,7 @@ def _decode_split_kernel(
         ticket = tl.atomic_add(counter, 1, sem="acq_rel")
         if ticket == NUM_SPLITS - 1:  # the last split of this (b, kv_head) to finish merges
             # only splits that start inside the sequence hold data (the rest wrote lse -inf)
-            num_active = tl.cdiv(seq_len, split_len)
+            num_active = tl.cdiv(seq_len, tl.maximum(split_len, 1))  # seq_len 0: none
             m = tl.full([BLOCK_G], float("-inf"), tl.float32)
             for s in range(0, num_active):
                 lse_s = tl.load(LsePart + b * stride_lb + heads * stride_lh + s, mask=mask_g,
