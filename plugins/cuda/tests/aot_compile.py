@@ -88,16 +88,22 @@ def _cases() -> Iterator[tuple[str, Any, dict, dict, dict, dict, tuple[str, ...]
            dict(NUM_EXPERTS=8, A_ROW_DIV=2, MUL_WEIGHT=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
                 DOT_PREC="tf32", DOT_F32=False), dict(num_warps=4, num_stages=3), both)
     gemv_ptrs = {"X": "bf16", "W": "bf16", "Bias": "bf16", "Y": "bf16", "Part": "fp32",
-                 "Counters": "i32"}
+                 "Counters": "i32", "WScale": "fp32"}
     for i, (bn, bk, split, warps, stages) in enumerate(gemv.CONFIGS):
         first_of_kind = i == 0 or split != gemv.CONFIGS[i - 1][2]
         for bm in (1, 8):
             yield (f"gemv m={bm} bn={bn} bk={bk} split={split} w={warps} s={stages}",
                    gemv._gemv_kernel, gemv_ptrs, {},
                    dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, EVEN_N=True,
-                        EVEN_K=True, HAS_BIAS=bm == 8, NUM_STAGES=stages),
+                        EVEN_K=True, HAS_BIAS=bm == 8, NUM_STAGES=stages, W_SCALED=False),
                    dict(num_warps=warps, num_stages=stages),
                    both if first_of_kind and bm == 1 else hopper)
+        # fp8 weights with per-channel scales (--quantization fp8, sm89+)
+        yield (f"gemv fp8 m=1 bn={bn} bk={bk} split={split} w={warps} s={stages}",
+               gemv._gemv_kernel, gemv_ptrs | {"W": "fp8e4nv"}, {},
+               dict(BLOCK_M=1, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, EVEN_N=True, EVEN_K=True,
+                    HAS_BIAS=False, NUM_STAGES=stages, W_SCALED=True),
+               dict(num_warps=warps, num_stages=stages), hopper)
 
 
 def main() -> int:

@@ -36,9 +36,11 @@ from infer_cuda.kernels.common import interpreting
 log = logging.getLogger(__name__)
 
 MAX_M = 8
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 # (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages)
 Config = tuple[int, int, int, int, int]
 Choice = Config | str  # a Config, or "cublas"
+Baseline = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x, weight) -> y
 # Small N-blocks and split-K keep all 132 SMs of an H100 busy on N = 4096; wide K chunks keep
 # many bytes in flight per thread. num_stages > 1 prefetches K chunks through shared memory
 # (cp.async; Triton pipelines loads that feed no tl.dot only in a tl.range with num_stages set),
@@ -60,11 +62,12 @@ MARGIN = 0.98  # Triton must beat cuBLAS by 2% (above timing noise) to be chosen
 
 @triton.jit
 def _gemv_kernel(
-    X, W, Bias, Y, Part, Counters,
+    X, W, Bias, Y, Part, Counters, WScale,
     M, N, K, k_per_split,
     stride_xm, stride_wn, stride_ym,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, NUM_STAGES: tl.constexpr,
+    W_SCALED: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -100,6 +103,8 @@ def _gemv_kernel(
     mask_y = mask_n[:, None] & (offs_m[None, :] < M)
     y_ptrs = Y + offs_m[None, :] * stride_ym + offs_n[:, None]
     if SPLIT_K == 1:
+        if W_SCALED:  # fp8 weights: one scale per output channel, applied once at the end
+            acc *= tl.load(WScale + offs_n, mask=mask_n, other=0.0)[:, None]
         if HAS_BIAS:
             acc += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
         tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=mask_y)
@@ -113,6 +118,8 @@ def _gemv_kernel(
             for s in tl.static_range(SPLIT_K):  # fixed order: the same sum whoever comes last
                 total += tl.load(part_ptrs + s * M * N, mask=mask_y, other=0.0,
                                  cache_modifier=".cg")  # L2, not a stale L1 line
+            if W_SCALED:
+                total *= tl.load(WScale + offs_n, mask=mask_n, other=0.0)[:, None]
             if HAS_BIAS:
                 total += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
             tl.store(y_ptrs, total.to(Y.dtype.element_ty), mask=mask_y)
@@ -139,19 +146,24 @@ def _splits(K: int, block_k: int, split_k: int) -> tuple[int, int]:
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-         config: Config) -> torch.Tensor:
+         config: Config, weight_scale: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] (rows may be strided), weight [N, K], bias [N] or None -> y [M, N] in x's dtype.
 
-    M <= 8; x, weight and bias of one dtype (float32, bfloat16 or float16)."""
+    M <= 8; x, weight and bias of one dtype (float32, bfloat16 or float16). With
+    ``weight_scale`` (float32 [N]) the weight is fp8 and y = (x @ weight^T) * weight_scale
+    (+ bias): x is used as it is, in float32 arithmetic (no activation quantization)."""
     M, K = x.shape
     N = weight.shape[0]
     if M > MAX_M:
         raise ValueError(f"gemv handles at most {MAX_M} rows, got x of shape {tuple(x.shape)}; "
                          "use F.linear for larger batches")
-    if weight.shape[1] != K or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+    w_ok = (weight.dtype == x.dtype if weight_scale is None else
+            weight.dtype in FP8_DTYPES and weight_scale.dtype == torch.float32
+            and weight_scale.numel() == N)
+    if weight.shape[1] != K or not w_ok or (bias is not None and bias.dtype != x.dtype):
         raise ValueError(f"gemv: x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} "
                          f"{weight.dtype}, bias {None if bias is None else bias.dtype}: weight must "
-                         "be [N, K] and all of x's dtype")
+                         "be [N, K] and all of x's dtype (or fp8 with a float32 [N] weight_scale)")
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:
         return y
@@ -166,11 +178,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     counters = _counters(x.device, n_blocks) if splits > 1 else y
     _gemv_kernel[(n_blocks, splits)](
         x, weight, y if bias is None else bias, y, part, counters,
+        y if weight_scale is None else weight_scale.reshape(-1),
         M, N, K, k_per_split,
         x.stride(0), weight.stride(0), y.stride(0),
         BLOCK_M=triton.next_power_of_2(M), BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=splits,
         EVEN_N=N % block_n == 0, EVEN_K=splits * k_per_split == K, HAS_BIAS=bias is not None,
-        NUM_STAGES=stages,
+        NUM_STAGES=stages, W_SCALED=weight_scale is not None,
         num_warps=warps, num_stages=stages,
     )
     return y
@@ -190,20 +203,23 @@ def mode() -> str:
 
 
 def pick(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
-         weight: torch.Tensor | None = None) -> Choice:
+         weight: torch.Tensor | None = None, weight_scale: torch.Tensor | None = None,
+         baseline: Baseline | None = None) -> Choice:
     """"cublas" or the Triton Config to use for x [M, K] @ W [N, K]^T, timed on first use for
     M's power-of-two bucket (the kernel computes that many rows whatever M is within it).
 
     Never times while a CUDA graph is being captured (answers "cublas" then, uncached: the warm-up
     before capture makes the choice). Without a GPU (interpreter, CPU) it answers "cublas", or
     CONFIGS[0] under INFER_CUDA_GEMV=force. ``weight`` (optional): the layer's weight, timed in
-    place of a fresh copy to save memory."""
+    place of a fresh copy to save memory. fp8 weights: ``weight`` (fp8) and ``weight_scale`` are
+    required, and ``baseline(x, w)`` is the caller's own path (what "cublas" then stands for)."""
     how = mode()
     if how == "off":
         return "cublas"
     device = torch.device(device)
     M = triton.next_power_of_2(M)
-    key = (how, M, N, K, dtype, device)
+    wdtype = dtype if weight_scale is None else weight.dtype
+    key = (how, M, N, K, dtype, wdtype, device)
     if key in _CHOICES:
         return _CHOICES[key]
     if interpreting() or device.type != "cuda":
@@ -211,14 +227,15 @@ def pick(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
     if torch.cuda.is_current_stream_capturing():
         return "cublas"
     try:
-        times = time_choices(M, N, K, dtype, device, with_cublas=how == "auto", weight=weight)
+        times = time_choices(M, N, K, dtype, device, with_cublas=how == "auto", weight=weight,
+                             weight_scale=weight_scale, baseline=baseline)
     except torch.cuda.OutOfMemoryError:
         log.warning("gemv [%d, %d] x [%d, %d]: no memory to time it, using cuBLAS", M, K, N, K)
         times = {}
     best = min(times, key=times.get) if times else "cublas"
     if how == "auto" and best != "cublas" and times[best] > MARGIN * times["cublas"]:
         best = "cublas"
-    log.info("gemv M=%d N=%d K=%d %s: %s (us: %s)", M, N, K, dtype, best,
+    log.info("gemv M=%d N=%d K=%d %s/%s: %s (us: %s)", M, N, K, dtype, wdtype, best,
              {str(c): round(t * 1e3, 1) for c, t in times.items()})
     _CHOICES[key] = best
     return best
@@ -236,26 +253,33 @@ def candidates(K: int) -> list[Config]:
 
 
 def time_choices(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
-                 with_cublas: bool = True, weight: torch.Tensor | None = None
+                 with_cublas: bool = True, weight: torch.Tensor | None = None,
+                 weight_scale: torch.Tensor | None = None, baseline: Baseline | None = None
                  ) -> dict[Choice, float]:
-    """Milliseconds per call of cuBLAS (F.linear) and each Triton config that compiles.
+    """Milliseconds per call of cuBLAS (F.linear, or ``baseline`` for fp8 weights) and each
+    Triton config that compiles.
 
     Each is timed as a CUDA graph of back-to-back calls over rotating weight copies that
     together exceed twice the L2 cache, as in a decode graph: weights come from HBM, and host
     launch cost is not counted."""
-    wbytes = N * K * torch.finfo(dtype).bits // 8
+    wdtype = dtype if weight_scale is None else weight.dtype
+    wbytes = N * K * torch.finfo(wdtype).bits // 8
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
     copies = max(1, math.ceil(2 * l2 / max(wbytes, 1)))
     weights = [] if weight is None else [weight]
-    weights += [torch.randn(N, K, dtype=dtype, device=device) for _ in range(copies - len(weights))]
+    weights += [torch.randn(N, K, dtype=dtype, device=device).to(wdtype)
+                for _ in range(copies - len(weights))]
     x = torch.randn(M, K, dtype=dtype, device=device)
     fns: dict[Choice, Callable[[torch.Tensor], torch.Tensor]] = {}
     if with_cublas:
-        fns["cublas"] = lambda w: F.linear(x, w)
+        fns["cublas"] = (lambda w: F.linear(x, w)) if baseline is None else (lambda w: baseline(x, w))
     for cfg in candidates(K):
-        fns[cfg] = lambda w, cfg=cfg: gemv(x, w, None, cfg)
+        fns[cfg] = lambda w, cfg=cfg: gemv(x, w, None, cfg, weight_scale)
     calls = weights * math.ceil(8 / len(weights))  # >= 8 calls a replay: event cost amortised
-    expect = F.linear(x, weights[0]).float()
+    if weight_scale is None:
+        expect = F.linear(x, weights[0]).float()
+    else:  # exact product of what the kernel reads (the baseline also rounds x to fp8)
+        expect = (x.float() @ weights[0].float().t()) * weight_scale.reshape(1, -1)
     times: dict[Choice, float] = {}
     for choice, fn in fns.items():
         try:
@@ -265,10 +289,13 @@ def time_choices(M: int, N: int, K: int, dtype: torch.dtype, device: torch.devic
                 raise
             log.debug("gemv config %s failed: %s", choice, e)
             continue
-        # a config is only a candidate if it computes what cuBLAS does, on this GPU
+        if choice == "cublas":
+            continue
+        # a config is only a candidate if it computes what it should, on this GPU
         err = ((fn(weights[0]).float() - expect).norm() / expect.norm().clamp_min(1e-30)).item()
         if not err < 1e-2:
-            log.warning("gemv config %s disagrees with cuBLAS (relative error %.2e); not used",
+            log.warning("gemv config %s disagrees with the reference (relative error %.2e); "
+                        "not used",
                         choice, err)
             del times[choice]
     return times

@@ -40,11 +40,15 @@ def _gemv_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None)
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
-def small_m_eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """x [M, K] may take the GEMV: 1..MAX_M rows of bf16/fp16 on CUDA (or Triton's interpreter)."""
-    return (0 < x.shape[0] <= gemv_kernel.MAX_M and x.dtype in SMALL_M_DTYPES
-            and weight.dtype == x.dtype and (x.is_cuda or interpreting())
+def small_m_rows(x: torch.Tensor) -> bool:
+    """x [M, K] is a GEMV candidate: 1..MAX_M rows on CUDA (or Triton's interpreter), GEMV on."""
+    return (0 < x.shape[0] <= gemv_kernel.MAX_M and (x.is_cuda or interpreting())
             and gemv_kernel.mode() != "off")
+
+
+def small_m_eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """x [M, K] may take the GEMV: small M of bf16/fp16, the weight in the same dtype."""
+    return small_m_rows(x) and x.dtype in SMALL_M_DTYPES and weight.dtype == x.dtype
 
 
 class CudaDenseLinearMethod(DenseLinearMethod):
