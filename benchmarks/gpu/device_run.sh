@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine (run from the repo root): install infer without network,
 # show the device and `infer doctor`, run the CUDA plugin's tests compiled on the GPU, then the
-# engine benchmarks. Logs land in $OUT. Usage: benchmarks/gpu/device_run.sh [tests] [bench] [decode] [flashinfer]
-# `decode`: the batch-1 decode A/B of RESULTS.md in one call: Llama-3-8B shape, compile + prefill
-# graphs, with the Triton GEMV off (cuBLAS only) and on (timed per shape), then the kernel profile.
+# engine benchmarks. Logs land in $OUT.
+# Usage: benchmarks/gpu/device_run.sh [tests] [bench] [gemv] [decode] [profile] [flashinfer]
+# `gemv`: cuBLAS (and the fp8 quantize + _scaled_mm path) against the Triton GEMV per Llama-3-8B
+# weight shape at M = 1 and 8. `decode`: the batch-1/64 A/B of RESULTS.md, Llama-3-8B shape,
+# compile + prefill graphs, with the Triton GEMV off (cuBLAS only) and on (timed per shape).
+# `decode-fp8`: the same A/B with --quantization fp8 --kv-cache-dtype fp8_e4m3.
+# `profile`: the kernel-level breakdown of a compiled decode step. Each call must end within the
+# device tool's 10 minutes: e.g. `tests gemv` in one call, `decode profile` in the next.
 set -u
 OUT=${OUT:-/tmp/infer-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -45,14 +50,28 @@ if [[ " $SECTIONS " == *" bench "* ]]; then
     --max-total-tokens 40000 ${MOE_ARGS:-} --json-out "$OUT/bench_mixtral.json" 2>&1 | grep -v "it/s\]" > "$OUT/bench_mixtral.log"
   tail -6 "$OUT/bench_mixtral.log"
 fi
+if [[ " $SECTIONS " == *" gemv "* ]]; then
+  (cd benchmarks/gpu && timeout ${GEMV_TIMEOUT:-240} python3 profile_kernels.py --gemv --gemv-rows 1 8 \
+    --gemv-fp8 > "$OUT/gemv.txt" 2>&1); grep -v "us per config" "$OUT/gemv.txt" | tail -24
+fi
 if [[ " $SECTIONS " == *" decode "* ]]; then
   for gemv in off auto; do
-    INFER_CUDA_GEMV=$gemv timeout ${DECODE_TIMEOUT:-400} python3 benchmarks/gpu/bench_engine.py --model llama3-8b \
+    INFER_CUDA_GEMV=$gemv timeout ${DECODE_TIMEOUT:-240} python3 benchmarks/gpu/bench_engine.py --model llama3-8b \
       --batch 1 64 --enable-torch-compile --enable-piecewise-cuda-graph \
       --json-out "$OUT/decode_gemv_$gemv.json" 2>&1 | grep -v "it/s\]" > "$OUT/decode_gemv_$gemv.log"
     echo "== INFER_CUDA_GEMV=$gemv"; tail -6 "$OUT/decode_gemv_$gemv.log"
   done
-  timeout ${PROFILE_TIMEOUT:-200} python3 benchmarks/gpu/profile_kernels.py --enable-torch-compile \
-    > "$OUT/profile.txt" 2>&1
-  head -45 "$OUT/profile.txt"
+fi
+if [[ " $SECTIONS " == *" decode-fp8 "* ]]; then
+  for gemv in off auto; do
+    INFER_CUDA_GEMV=$gemv timeout ${DECODE_TIMEOUT:-240} python3 benchmarks/gpu/bench_engine.py --model llama3-8b \
+      --batch 1 64 --enable-torch-compile --enable-piecewise-cuda-graph --quantization fp8 \
+      --kv-cache-dtype fp8_e4m3 --json-out "$OUT/decode_fp8_gemv_$gemv.json" 2>&1 | grep -v "it/s\]" \
+      > "$OUT/decode_fp8_gemv_$gemv.log"
+    echo "== fp8, INFER_CUDA_GEMV=$gemv"; tail -6 "$OUT/decode_fp8_gemv_$gemv.log"
+  done
+fi
+if [[ " $SECTIONS " == *" profile "* ]]; then
+  (cd benchmarks/gpu && timeout ${PROFILE_TIMEOUT:-200} python3 profile_kernels.py --enable-torch-compile \
+    > "$OUT/profile.txt" 2>&1); head -45 "$OUT/profile.txt"
 fi

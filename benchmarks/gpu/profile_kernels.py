@@ -2,7 +2,7 @@
 128-token prefill of the Llama-3-8B shape, plus each GEMM shape's achieved bandwidth at M=1.
 
     python benchmarks/gpu/profile_kernels.py [--enable-torch-compile] [--out DIR]
-    python benchmarks/gpu/profile_kernels.py --gemv [--gemv-rows 1 4 8]   (only the GEMV table)
+    python benchmarks/gpu/profile_kernels.py --gemv [--gemv-rows 1 4 8] [--gemv-fp8]   (GEMV tables)
 
 Prints, per phase, the summed kernel time against the wall time (their gap is host launch
 cost) and the top kernels by total GPU time; then cuBLAS bf16 GEMV (M=1) per weight shape
@@ -45,25 +45,36 @@ def show(tag: str, prof, wall_ms: float, reps: int, top: int = 14) -> dict:
             "top": [(n_, t / reps / 1e3, c // reps) for n_, t, c in ranked]}
 
 
-def gemv_vs_cublas(cfg: dict, bw: float, rows: list[int]) -> list[tuple]:
+def gemv_vs_cublas(cfg: dict, bw: float, rows: list[int], fp8: bool = False) -> list[tuple]:
     """Per weight shape of one layer (and lm_head), cuBLAS against the best Triton GEMV config,
     each timed as ``infer_cuda.kernels.gemv.pick`` times them: a CUDA graph of back-to-back calls
-    over weight copies that together exceed twice the L2 cache."""
+    over weight copies that together exceed twice the L2 cache. ``fp8``: fp8 weights with
+    per-channel scales, the peer being ``--quantization fp8``'s quantize + _scaled_mm path."""
     from infer_cuda.kernels.gemv import time_choices
+    from infer_cuda.ops.linear_fp8 import scaled_mm_linear
 
     h, inter, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["hidden_size"] // cfg["num_attention_heads"]
     shapes = {"qkv_proj": ((cfg["num_attention_heads"] + 2 * cfg["num_key_value_heads"]) * hd, h),
               "o_proj": (h, h), "gate_up_proj": (2 * inter, h), "down_proj": (h, inter),
               "lm_head": (cfg["vocab_size"], h)}
-    print("\n== bf16 GEMV x[M,K] @ W[N,K]^T: cuBLAS vs the best Triton config (graph-timed, weights "
+    kind = "fp8 weights (peer: quantize + _scaled_mm)" if fp8 else "bf16 (peer: cuBLAS)"
+    print(f"\n== GEMV x[M,K] @ W[N,K]^T, {kind}, vs the best Triton config (graph-timed, weights "
           "from HBM); GB/s of weight read, fraction of copy bw", flush=True)
     out = []
+    dev = torch.device("cuda")
     for m in rows:
         for name, (n, k) in shapes.items():
-            times = time_choices(m, n, k, torch.bfloat16, torch.device("cuda"))
+            if fp8:
+                w = torch.randn(n, k, device=dev).to(torch.float8_e4m3fn)
+                scale = torch.rand(n, device=dev) + 0.5
+                times = time_choices(m, n, k, torch.bfloat16, dev, weight=w, weight_scale=scale,
+                                     baseline=lambda x, ww, s=scale: scaled_mm_linear(
+                                         x, ww, s.view(1, -1), None))
+            else:
+                times = time_choices(m, n, k, torch.bfloat16, dev)
             cublas = times.pop("cublas")
             best = min(times, key=times.get)
-            mb = n * k * 2 / 1e6  # weight megabytes: MB / ms = GB/s
+            mb = n * k * (1 if fp8 else 2) / 1e6  # weight megabytes: MB / ms = GB/s
             print(f"  M={m} {name:<12} [{n:>6},{k:>5}]  cuBLAS {cublas * 1e3:7.1f} us "
                   f"{mb / cublas:5.0f} GB/s ({mb / cublas * 1e9 / bw:.2f})  Triton "
                   f"{times[best] * 1e3:7.1f} us {mb / times[best]:5.0f} GB/s "
@@ -82,6 +93,7 @@ def main() -> None:
     ap.add_argument("--gemv", action="store_true",
                     help="only time cuBLAS against the Triton GEMV per weight shape, then exit")
     ap.add_argument("--gemv-rows", type=int, nargs="+", default=[1], help="M values for --gemv")
+    ap.add_argument("--gemv-fp8", action="store_true", help="with --gemv: fp8 weights too")
     a = ap.parse_args()
     import bench_engine as be  # noqa: E402 (same folder)
     from infer.core.config import ServerArgs
@@ -97,6 +109,8 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}  D2D {bw / 1e9:.0f} GB/s", flush=True)
     if a.gemv:
         rows = gemv_vs_cublas(cfg, bw, a.gemv_rows)
+        if a.gemv_fp8:
+            rows += gemv_vs_cublas(cfg, bw, a.gemv_rows, fp8=True)
         if a.out:
             Path(a.out).write_text(json.dumps({"bw": bw, "gemv_vs_cublas": rows}, indent=1))
         return
