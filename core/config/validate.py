@@ -15,6 +15,25 @@ def _fail(message: str) -> None:
     raise ConfigError(message)
 
 
+def check_piecewise_tokens(max_tokens: Any, explicit: Any) -> list[int] | None:
+    """--piecewise-cuda-graph-max-tokens / --piecewise-cuda-graph-tokens: an integer >= 2 and,
+    when given, a non-empty list of integers in 2..max (a 1-token extend is a decode row, which
+    the decode graphs cover). Returns the sorted distinct explicit buckets, or None."""
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 2:
+        _fail(f"--piecewise-cuda-graph-max-tokens {max_tokens!r}: must be an integer >= 2 "
+              "(extend graphs cover 2 or more new tokens)")
+    if explicit is None:
+        return None
+    if not isinstance(explicit, list) or not explicit:
+        _fail(f"--piecewise-cuda-graph-tokens {explicit!r}: give a non-empty JSON list of token "
+              "counts, e.g. [16, 64, 256]")
+    for n in explicit:
+        if isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= max_tokens:
+            _fail(f"--piecewise-cuda-graph-tokens: {n!r} is not an integer in 2..{max_tokens} "
+                  "(--piecewise-cuda-graph-max-tokens); raise the max or drop the entry")
+    return sorted(set(explicit))
+
+
 def check_cross_flags(a: Any) -> None:
     """Raise ConfigError naming the flags when settings contradict each other."""
     n = a.spelling
@@ -49,6 +68,8 @@ def check_cross_flags(a: Any) -> None:
     if a.enable_piecewise_cuda_graph and a.disable_cuda_graph:
         _fail(f"{n('enable_piecewise_cuda_graph')} captures prefill CUDA graphs, which "
               f"{n('disable_cuda_graph')} turns off; use only one")
+    if a.enable_piecewise_cuda_graph:  # at start-up, not after the weights have loaded
+        check_piecewise_tokens(a.piecewise_cuda_graph_max_tokens, a.piecewise_cuda_graph_tokens)
     if a.speculative_algorithm is not None and a.enable_mixed_chunk:
         _fail(f"{n('enable_mixed_chunk')} cannot be combined with {n('speculative_algorithm')}")
     if (a.chunked_prefill_size is not None and a.chunked_prefill_size > 0

@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 from infer.core.config.flags import ConfigError
+from infer.core.config.validate import check_piecewise_tokens
 from infer.core.engine.forward_batch import ForwardBatch
 from infer.core.ops.attention import AttentionMetadata
 from infer.core.ops.graph import GraphRunner
@@ -87,20 +88,10 @@ def extend_token_buckets(server_args: Any, context_length: int) -> list[int]:
         return []
     max_tokens = getattr(server_args, "piecewise_cuda_graph_max_tokens", None)
     max_tokens = DEFAULT_PIECEWISE_MAX_TOKENS if max_tokens is None else max_tokens
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 2:
-        raise ConfigError(f"--piecewise-cuda-graph-max-tokens {max_tokens!r}: must be an integer "
-                          ">= 2 (extend graphs cover 2 or more new tokens)")
-    explicit = getattr(server_args, "piecewise_cuda_graph_tokens", None)
+    explicit = check_piecewise_tokens(max_tokens,
+                                      getattr(server_args, "piecewise_cuda_graph_tokens", None))
     if explicit is not None:
-        if not isinstance(explicit, list) or not explicit:
-            raise ConfigError(f"--piecewise-cuda-graph-tokens {explicit!r}: give a non-empty JSON "
-                              "list of token counts, e.g. [16, 64, 256]")
-        for n in explicit:
-            if isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= max_tokens:
-                raise ConfigError(
-                    f"--piecewise-cuda-graph-tokens: {n!r} is not an integer in 2..{max_tokens} "
-                    "(--piecewise-cuda-graph-max-tokens); raise the max or drop the entry")
-        return sorted(set(explicit))
+        return explicit
     cap = min(max_tokens, context_length)
     chunk = getattr(server_args, "chunked_prefill_size", None)
     if chunk is not None and chunk > 0:
