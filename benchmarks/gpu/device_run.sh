@@ -8,7 +8,7 @@
 # compile + prefill graphs, with the Triton GEMV off (cuBLAS only) and on (timed per shape).
 # `decode-fp8`: the same A/B with --quantization fp8 --kv-cache-dtype fp8_e4m3.
 # `profile`: the kernel-level breakdown of a compiled decode step. Each call must end within the
-# device tool's 10 minutes: e.g. `tests gemv` in one call, `decode profile` in the next.
+# device tool's 10 minutes: `tests gemv`, then `decode`, then `decode-fp8 profile`.
 set -u
 OUT=${OUT:-/tmp/infer-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
