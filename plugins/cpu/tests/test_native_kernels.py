@@ -3,12 +3,17 @@ random inputs, plus the fall-back contract: an input a kernel does not take give
 
 from __future__ import annotations
 
+import ctypes
+import platform
+import subprocess
+
 import gguf
 import pytest
 import torch
 import torch.nn.functional as F
 from infer.core.ops import layer_ops as ref
 from infer_cpu import kernels
+from infer_cpu.native_build import SOURCE, compiler
 from infer_cpu.quant.packing import Q, QWeight, gguf_qweight, quantize_q8_blocks
 
 pytestmark = pytest.mark.skipif(kernels.load() is None,
@@ -48,6 +53,74 @@ def test_qgemm_against_dequantised_matmul(qtype, m, threads):
         torch.set_num_threads(old)
     # int8 activations per 32-block: about 0.5 % relative error on random data
     assert _rel(y, F.linear(x, exact, bias)) < 2e-2
+
+
+def _int8_activations(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] -> the activations the q8 kernels multiply, dequantised: per 32-block d = amax / 127
+    and codes round(x * (1 / d)) (half to even, as nearbyintf), in float32 as the C code computes
+    them. A reference on these differs from the kernels only in the order of the float sums."""
+    m, k = x.shape
+    xb = x.reshape(m, k // 32, 32)
+    d = xb.abs().amax(-1, keepdim=True) / 127
+    inv = torch.where(d != 0, 1 / d, torch.zeros_like(d))
+    return (torch.round(xb * inv) * d).reshape(m, k)
+
+
+def _tile_case(m: int, k: int, qtype: Q) -> tuple[torch.Tensor, QWeight, torch.Tensor, torch.Tensor]:
+    n = 37  # 16-row chunks 16 + 16 + 5: one full 4-row tile and a 1-row remainder at the end
+    exact, qw = _gguf(n, k, qtype, seed=1000 * m + k)
+    g = torch.Generator().manual_seed(m + k)
+    x = torch.randn(m, k, generator=g) * torch.rand(m, 1, generator=g) * 8  # row scales differ
+    x[0, :32] = 0  # a zero block: scale 0
+    bias = torch.randn(n, generator=g)
+    want = F.linear(_int8_activations(x).double(), exact.double(), bias.double())
+    return x, qw, bias, want
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 17, 32])
+@pytest.mark.parametrize("k", [64, 160, 576])
+def test_qgemm_tiles_against_int8_activation_reference(qtype, m, k):
+    """Every activation-row tile size (1-4 rows and their remainders) and weight-row remainder,
+    on one and two threads, to float rounding of a reference with the same int8 activations."""
+    x, qw, bias, want = _tile_case(m, k, qtype)
+    old = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            y = kernels.qgemm(x, qw, bias)
+            assert _rel(y, want) < 1e-5, (threads, _rel(y, want))
+    finally:
+        torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def portable_lib(tmp_path_factory) -> ctypes.CDLL:
+    """The kernels compiled without AVX2 or F16C: the portable C paths."""
+    cc = compiler()
+    if cc is None or platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("needs a C compiler on x86-64")
+    out = tmp_path_factory.mktemp("portable") / "libportable.so"
+    subprocess.run([cc, "-O2", "-U__AVX2__", "-U__F16C__", "-shared", "-fPIC", "-o", str(out),
+                    str(SOURCE), "-lm"], check=True, capture_output=True)
+    lib = ctypes.CDLL(str(out))
+    for name, argtypes in kernels._SIGNATURES.items():
+        getattr(lib, name).argtypes = argtypes
+        getattr(lib, name).restype = None
+    lib.infer_kernels_isa.restype = ctypes.c_int
+    assert lib.infer_kernels_isa() == 0
+    return lib
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0])
+@pytest.mark.parametrize("m", [1, 5])
+def test_qgemm_portable_c_against_int8_activation_reference(portable_lib, qtype, m):
+    x, qw, bias, want = _tile_case(m, 160, qtype)
+    y = torch.empty_like(want, dtype=torch.float32)
+    portable_lib.infer_qgemm(qw.kind, x.data_ptr(), x.stride(0), m, qw.in_features, 0,
+                             qw.blocks.data_ptr(), bias.data_ptr(), qw.out_features, y.data_ptr(),
+                             qw.out_features)
+    assert _rel(y, want) < 1e-5
 
 
 def test_qgemm_strided_rows_and_fused_silu_mul():

@@ -41,10 +41,39 @@ int infer_kernels_isa(void) {
 #endif
 }
 
-/* x [K] -> int8 codes q [K], per block scale d [K/32] and d * sum(q) in s [K/32]. */
+/* x [K] -> int8 codes q [K], per block scale d [K/32] and d * sum(q) in s [K/32]. The AVX2
+ * path computes exactly what the scalar loop does (the same max, products and rounding). */
 static void quantize_row_q8(const float *x, int K, int8_t *q, float *d, float *s) {
   for (int b = 0; b < K / QK; b++) {
     const float *xb = x + (int64_t)b * QK;
+#ifdef __AVX2__
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    __m256 v[4], amax = _mm256_setzero_ps();
+    for (int j = 0; j < 4; j++) {
+      v[j] = _mm256_loadu_ps(xb + 8 * j);
+      amax = _mm256_max_ps(_mm256_andnot_ps(sign, v[j]), amax); /* NaN lanes keep amax */
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    float dd = _mm_cvtss_f32(m4) / 127.f;
+    __m256 id = _mm256_set1_ps(dd != 0.f ? 1.f / dd : 0.f);
+    __m256i iv[4], sum = _mm256_setzero_si256();
+    for (int j = 0; j < 4; j++) {
+      iv[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], id),
+                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      sum = _mm256_add_epi32(sum, iv[j]);
+    }
+    /* int32 x 32 -> int8 x 32 in order (the packs interleave 128-bit lanes; the permute undoes it) */
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)(q + (int64_t)b * QK), p);
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    d[b] = dd;
+    s[b] = dd * (float)_mm_cvtsi128_si32(s4);
+#else
     float amax = 0.f;
     for (int j = 0; j < QK; j++) {
       float a = fabsf(xb[j]);
@@ -60,6 +89,7 @@ static void quantize_row_q8(const float *x, int K, int8_t *q, float *d, float *s
     }
     d[b] = dd;
     s[b] = dd * (float)sum;
+#endif
   }
 }
 
@@ -210,6 +240,139 @@ static inline void dot_q4_x4(const block_q4 *w, int nb, const int8_t *xq, const 
   }
   for (int r = 0; r < 4; r++) out[r] = hsum256(acc[r]) + sm[r];
 }
+
+/* Two or more activation rows (batched decode, prefill): NC weight rows at a time are unpacked
+ * once (codes to bytes, float16 scales to float) into a buffer that every activation row reuses,
+ * then tiles of TN = 4 weight rows x TM activation rows run from it, one accumulator per
+ * activation row. The four weight rows' maddubs products are added in int16 first (sum4_rows),
+ * so a block costs one int16 -> int32 step, one conversion and one FMA per activation row
+ * instead of four each: on AVX2 without VNNI the multiplies, conversions and FMAs share two
+ * ports and bound the kernel. The Q4_1 minimum term sum_b m[n, b] xs[m, b] is a separate float
+ * product per chunk (q4_chunk_mins). Integer block sums are exact; results differ from dot_q4
+ * only in the order of the float sums. NC = 16 is the thread tile of infer_qgemm and share(). */
+#define TN 4
+#define TM 4
+#define NC 16
+
+/* NC unpacked weight rows: codes [NC][nb][32] as bytes 0..15; scales d and minimums m
+ * [nb][NC] (the chunk's rows side by side per block). */
+typedef struct {
+  uint8_t *codes;
+  float *d, *m;
+} q4_unpacked;
+
+/* Rows [0, rows) of w (rows <= NC); rows [rows, NC) are zero weights. */
+static void unpack_q4_rows(const block_q4 *w, int nb, int rows, q4_unpacked u) {
+  for (int r = 0; r < NC; r++)
+    for (int b = 0; b < nb; b++) {
+      int64_t i = (int64_t)r * nb + b, j = (int64_t)b * NC + r;
+      if (r < rows) {
+        _mm256_store_si256((__m256i *)(u.codes + i * QK), unpack_q4(w[i].qs));
+        u.d[j] = h2f(w[i].d);
+        u.m[j] = h2f(w[i].m);
+      } else {
+        _mm256_store_si256((__m256i *)(u.codes + i * QK), _mm256_setzero_si256());
+        u.d[j] = u.m[j] = 0.f;
+      }
+    }
+}
+
+/* p_r: maddubs products of weight row r with one activation block (int16, |lane| <= 2 * 15 * 127).
+ * Returns int32 lanes r and 4 + r = row r's dot product over weights 0..15 and 16..31. The
+ * int16 sums before the last step add 4 lanes (<= 15240), so nothing overflows. */
+static inline __m256i sum4_rows(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+  __m256i a01 = _mm256_add_epi16(_mm256_unpacklo_epi32(p0, p1), _mm256_unpackhi_epi32(p0, p1));
+  __m256i a23 = _mm256_add_epi16(_mm256_unpacklo_epi32(p2, p3), _mm256_unpackhi_epi32(p2, p3));
+  __m256i a = _mm256_add_epi16(_mm256_unpacklo_epi64(a01, a23), _mm256_unpackhi_epi64(a01, a23));
+  return _mm256_madd_epi16(a, _mm256_set1_epi16(1));
+}
+
+/* out[i][r] = sum_b d[b][r] xd[i, b] (codes[r, b] . xq[i, b]) for a tile of TN weight rows
+ * (codes rows of nb blocks; d of stride NC per block) and mr <= TM activation rows (xq rows
+ * of stride K, xd rows of stride nb). Inlined with a constant mr. */
+static inline __attribute__((always_inline)) void q4_tile_dots(
+    const uint8_t *codes, const float *d, int nb, const int8_t *xq, int64_t K, const float *xd,
+    int mr, __m128 out[TM]) {
+  __m256 acc[TM];
+  for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
+  for (int b = 0; b < nb; b++) {
+    const uint8_t *cb = codes + (int64_t)b * QK;
+    int64_t row = (int64_t)nb * QK;
+    __m256i w0 = _mm256_load_si256((const __m256i *)cb);
+    __m256i w1 = _mm256_load_si256((const __m256i *)(cb + row));
+    __m256i w2 = _mm256_load_si256((const __m256i *)(cb + 2 * row));
+    __m256i w3 = _mm256_load_si256((const __m256i *)(cb + 3 * row));
+    __m256 db = _mm256_broadcast_ps((const __m128 *)(d + (int64_t)b * NC)); /* both halves */
+    for (int i = 0; i < mr; i++) {
+      __m256i x = _mm256_loadu_si256((const __m256i *)(xq + i * K + (int64_t)b * QK));
+      __m256i s = sum4_rows(_mm256_maddubs_epi16(w0, x), _mm256_maddubs_epi16(w1, x),
+                            _mm256_maddubs_epi16(w2, x), _mm256_maddubs_epi16(w3, x));
+      __m256 sc = _mm256_mul_ps(db, _mm256_broadcast_ss(xd + (int64_t)i * nb + b));
+      acc[i] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(s), acc[i]);
+    }
+  }
+  for (int i = 0; i < mr; i++)
+    out[i] = _mm_add_ps(_mm256_castps256_ps128(acc[i]), _mm256_extractf128_ps(acc[i], 1));
+}
+
+/* mins[i][r] = sum_b m[b][r] xs[i, b] for the chunk's NC rows and mr activation rows. */
+static void q4_chunk_mins(const float *m, int nb, const float *xs, int mr, float *mins) {
+  for (int i = 0; i < mr; i++) {
+    __m256 a[NC / 8];
+    for (int g = 0; g < NC / 8; g++) a[g] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+      __m256 x = _mm256_broadcast_ss(xs + (int64_t)i * nb + b);
+      for (int g = 0; g < NC / 8; g++)
+        a[g] = _mm256_fmadd_ps(_mm256_loadu_ps(m + (int64_t)b * NC + 8 * g), x, a[g]);
+    }
+    for (int g = 0; g < NC / 8; g++) _mm256_storeu_ps(mins + i * NC + 8 * g, a[g]);
+  }
+}
+
+/* qgemm_rows for q4 weights and M >= 2. */
+static void qgemm_q4_tiled(const int8_t *xq, const float *xd, const float *xs, int M, int K,
+                           const block_q4 *w, const float *bias, int n0, int n1, float *y,
+                           int64_t y_stride) {
+  int nb = K / QK;
+  uint8_t *buf = (uint8_t *)aligned_alloc(32, (size_t)NC * nb * (QK + 2 * sizeof(float)));
+  q4_unpacked u = {buf, (float *)(buf + (size_t)NC * nb * QK), NULL};
+  u.m = u.d + (size_t)NC * nb;
+  float mins[TM * NC];
+  for (int c = n0; c < n1; c += NC) {
+    int rows = n1 - c < NC ? n1 - c : NC, tiles = (rows + TN - 1) / TN;
+    unpack_q4_rows(w + (int64_t)c * nb, nb, rows, u);
+    for (int m = 0; m < M; m += TM) {
+      int mr = M - m < TM ? M - m : TM;
+      const int8_t *xqm = xq + (int64_t)m * K;
+      const float *xdm = xd + (int64_t)m * nb;
+      q4_chunk_mins(u.m, nb, xs + (int64_t)m * nb, mr, mins);
+      for (int t = 0; t < tiles; t++) {
+        const uint8_t *codes = u.codes + (int64_t)t * TN * nb * QK;
+        const float *d = u.d + t * TN;
+        __m128 v[TM];
+        switch (mr) {
+          case 4: q4_tile_dots(codes, d, nb, xqm, K, xdm, 4, v); break;
+          case 3: q4_tile_dots(codes, d, nb, xqm, K, xdm, 3, v); break;
+          case 2: q4_tile_dots(codes, d, nb, xqm, K, xdm, 2, v); break;
+          default: q4_tile_dots(codes, d, nb, xqm, K, xdm, 1, v); break;
+        }
+        int n = c + t * TN, nr = rows - t * TN < TN ? rows - t * TN : TN;
+        for (int i = 0; i < mr; i++) {
+          __m128 o = _mm_add_ps(v[i], _mm_loadu_ps(mins + i * NC + t * TN));
+          float *yr = y + (int64_t)(m + i) * y_stride + n;
+          if (nr == TN) {
+            _mm_storeu_ps(yr, bias ? _mm_add_ps(o, _mm_loadu_ps(bias + n)) : o);
+          } else {
+            float out[TN];
+            _mm_storeu_ps(out, o);
+            for (int r = 0; r < nr; r++) yr[r] = bias ? out[r] + bias[n + r] : out[r];
+          }
+        }
+      }
+    }
+  }
+  free(buf);
+}
 #endif
 
 /* Output rows [n0, n1) of y = xq . w^T (+ bias): the work of one thread's tile. */
@@ -221,17 +384,16 @@ static void qgemm_rows(int kind, const int8_t *xq, const float *xd, const float 
   const block_q8 *w8 = (const block_q8 *)w;
   int n = n0;
 #ifdef __AVX2__
-  if (kind == 4) {
-    for (; n + 4 <= n1; n += 4) {
-      for (int m = 0; m < M; m++) {
-        float v[4];
-        dot_q4_x4(w4 + (int64_t)n * nb, nb, xq + (int64_t)m * K, xd + (int64_t)m * nb,
-                  xs + (int64_t)m * nb, v);
-        for (int r = 0; r < 4; r++)
-          y[(int64_t)m * y_stride + n + r] = bias ? v[r] + bias[n + r] : v[r];
-      }
-    }
+  if (kind == 4 && M >= 2) {
+    qgemm_q4_tiled(xq, xd, xs, M, K, w4, bias, n0, n1, y, y_stride);
+    return;
   }
+  if (kind == 4) /* one activation row (batch-1 decode): memory bound, blocks read in place */
+    for (; n + 4 <= n1; n += 4) {
+      float v[4];
+      dot_q4_x4(w4 + (int64_t)n * nb, nb, xq, xd, xs, v);
+      for (int r = 0; r < 4; r++) y[n + r] = bias ? v[r] + bias[n + r] : v[r];
+    }
 #endif
   for (; n < n1; n++) {
     for (int m = 0; m < M; m++) {
