@@ -281,3 +281,23 @@ def test_gpu_split_k_graph_replay():
         graph.replay()
         torch.cuda.synchronize()
         _check(y, x, w, b)
+
+
+def test_prewarm_makes_each_m_bucket_choice_at_load(monkeypatch):
+    """On CUDA the dense method times every M bucket (1, 2, 4, 8) of a weight shape when the
+    weights load; off CUDA, or with INFER_CUDA_GEMV=off, it times nothing."""
+    from infer_cuda.ops import linear_dense
+
+    calls = []
+    monkeypatch.setattr(g, "pick", lambda *a: calls.append(a[:5]) or "cublas")
+    monkeypatch.setattr(linear_dense, "interpreting", lambda: False)
+    monkeypatch.delenv("INFER_CUDA_GEMV", raising=False)
+    cuda = torch.device("cuda")
+    linear_dense.prewarm_small_m(96, 64, torch.bfloat16, cuda)
+    assert calls == [(m, 96, 64, torch.bfloat16, cuda) for m in (1, 2, 4, 8)]
+    calls.clear()
+    linear_dense.prewarm_small_m(96, 64, torch.bfloat16, torch.device("cpu"))
+    linear_dense.prewarm_small_m(96, 64, torch.float32, cuda)  # not a GEMV dtype
+    monkeypatch.setenv("INFER_CUDA_GEMV", "off")
+    linear_dense.prewarm_small_m(96, 64, torch.bfloat16, cuda)
+    assert calls == []

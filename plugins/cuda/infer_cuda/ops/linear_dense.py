@@ -1,9 +1,10 @@
 """The default (unquantized) linear method on CUDA: cuBLAS (F.linear), except small-M calls
 (decode, M <= 8 rows) of a shape where a Triton GEMV was timed faster (``kernels/gemv.py``).
 
-Under torch.compile the small-M call is the opaque custom op ``infer_cuda::gemv``: Dynamo traces
-with fake tensors and cannot time anything, so the op decides at its first real call (the graph
-runner's warm-up, before capture) and the compiled graph has no break either way.
+The choice for each weight shape and M bucket (1, 2, 4, 8) is timed when the weights load
+(``prewarm_small_m``), so no forward waits for it. Under torch.compile the small-M call is the
+opaque custom op ``infer_cuda::gemv``, which looks the choice up when it runs: Dynamo traces with
+fake tensors, and the compiled graph has no break either way.
 """
 
 from __future__ import annotations
@@ -51,6 +52,28 @@ def small_m_eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return small_m_rows(x) and x.dtype in SMALL_M_DTYPES and weight.dtype == x.dtype
 
 
+def prewarm_small_m(N: int, K: int, dtype: torch.dtype, device: torch.device,
+                    fp8_baseline: gemv_kernel.Baseline | None = None,
+                    fp8_dtype: torch.dtype | None = None) -> None:
+    """Make the GEMV-or-cuBLAS choice for a weight shape at every M bucket now, at load time,
+    rather than in the first forward that meets it (a request served eagerly, without CUDA
+    graphs, would wait for the timing). Fresh random weights are timed: the layer's may not be
+    filled yet. Nothing to do off CUDA or with INFER_CUDA_GEMV=off."""
+    if torch.device(device).type != "cuda" or interpreting() or gemv_kernel.mode() == "off":
+        return
+    if dtype not in SMALL_M_DTYPES and fp8_dtype is None:
+        return
+    weight = scale = None
+    if fp8_dtype is not None:
+        weight = torch.randn(N, K, device=device).to(fp8_dtype)
+        scale = torch.rand(N, device=device) + 0.5
+    m = 1
+    while m <= gemv_kernel.MAX_M:
+        gemv_kernel.pick(m, N, K, dtype, device, weight, scale, fp8_baseline)
+        m *= 2
+    del weight, scale
+
+
 class CudaDenseLinearMethod(DenseLinearMethod):
     def __init__(self, config: LinearConfig) -> None:
         super().__init__(config)
@@ -58,6 +81,10 @@ class CudaDenseLinearMethod(DenseLinearMethod):
             gemv_kernel.mode()
         except ValueError as e:
             raise ConfigError(str(e)) from None
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        w = layer.weight
+        prewarm_small_m(w.shape[0], w.shape[1], w.dtype, w.device)
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> [..., out]."""

@@ -19,7 +19,7 @@ from infer.core.ops.linear import LinearConfig, LinearMethod
 from torch import nn
 
 from infer_cuda.kernels import gemv as gemv_kernel
-from infer_cuda.ops.linear_dense import SMALL_M_DTYPES, small_m_rows
+from infer_cuda.ops.linear_dense import SMALL_M_DTYPES, prewarm_small_m, small_m_rows
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -49,6 +49,9 @@ class Fp8LinearMethod(LinearMethod):
         q, scale = quantize_rows(layer.weight.data)  # [out, in], [out, 1]
         layer.weight = nn.Parameter(q, requires_grad=False)
         layer.weight_scale = scale.view(1, -1).contiguous()  # [1, out]
+        prewarm_small_m(q.shape[0], q.shape[1], self.config.dtype, q.device, fp8_dtype=FP8,
+                        fp8_baseline=lambda x, w: scaled_mm_linear(
+                            x, w, torch.ones(1, w.shape[0], device=w.device), None))
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> [..., out] in x's dtype."""
