@@ -72,6 +72,19 @@ def build_other(spec: str, tmp: Path) -> ctypes.CDLL:
     return lib
 
 
+def tree_and_others(specs: list[str], tmp: Path) -> tuple[dict[str, ctypes.CDLL], int]:
+    """{"tree": the working tree's kernels, spec: each other version}, every team sized to
+    torch's thread count, and that count."""
+    tree = kernels.load()
+    if tree is None:
+        raise SystemExit(f"native kernels unavailable: {kernels.status().detail}")
+    threads = torch.get_num_threads()
+    libs = {"tree": tree} | {spec: build_other(spec, tmp) for spec in specs}
+    for lib in libs.values():
+        lib.infer_set_threads(threads)
+    return libs, threads
+
+
 def qgemm_call(lib: ctypes.CDLL, x: torch.Tensor, w: QWeight, y: torch.Tensor):
     args = (w.kind, x.data_ptr(), x.stride(0), x.shape[0], w.in_features, 0, w.blocks.data_ptr(),
             None, w.out_features, y.data_ptr(), w.out_features)
@@ -113,16 +126,9 @@ def main() -> None:
     ap.add_argument("--no-torch", action="store_true", help="skip the float32 matmul peer")
     args = ap.parse_args()
 
-    tree = kernels.load()
-    if tree is None:
-        raise SystemExit(f"native kernels unavailable: {kernels.status().detail}")
-    kernels._lib()  # sizes the OpenMP team to torch's thread count
-    threads = torch.get_num_threads()
     weights = layer0(ensure_default_model())
     with tempfile.TemporaryDirectory() as tmp:
-        libs = {"tree": tree} | {spec: build_other(spec, Path(tmp)) for spec in args.compare}
-        for lib in libs.values():
-            lib.infer_set_threads(threads)
+        libs, threads = tree_and_others(args.compare, Path(tmp))
         dense = {name: w.dequantize() for name, w in weights.items()}
         print(f"threads {threads}, load {loadavg()}; best of {args.rounds} rounds; GMAC/s = M*N*K/t")
         for name, w in weights.items():

@@ -142,6 +142,28 @@ def test_q8f_gemm_float_activations(m):
     assert _rel(qw.dequantize(), w) < 1e-2
 
 
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 8, 17, 32])
+@pytest.mark.parametrize("n", [1, 3, 37, 50])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_q8f_gemm_tiles_every_element(m, n, threads):
+    """Every activation-row remainder of the 4-row tile and weight-row remainders of the 2- and
+    4-row tiles (N odd, N < 4), one and two threads, strided activation rows: each logit to
+    float rounding of a float64 reference (a wrong or missing element fails the max check)."""
+    g = torch.Generator().manual_seed(31 * m + n)
+    qw = quantize_q8_blocks(torch.randn(n, 160, generator=g))
+    big = torch.randn(m, 200, generator=g) * torch.rand(m, 1, generator=g) * 4
+    x = big[:, 20:180]  # rows of stride 200
+    want = x.double() @ qw.dequantize().double().t()
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = kernels.q8f_gemm(x, qw)
+    finally:
+        torch.set_num_threads(old)
+    err = (y.double() - want).abs() / (x.double().abs() @ qw.dequantize().double().abs().t())
+    assert err.max().item() < 1e-6, err.max().item()
+
+
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_rms_norm(with_residual):
     x, w = torch.randn(6, 80), torch.randn(80)
@@ -178,39 +200,103 @@ def test_silu_mul():
     torch.testing.assert_close(kernels.silu_mul(x), ref.silu_and_mul_ref(x))
 
 
-@pytest.mark.parametrize("page", [1, 4, 16])
-def test_paged_decode_against_sdpa(page):
-    b, h, hkv, d = 3, 6, 2, 16
-    seq_lens = [5, 1, 23]
+def _paged_case(seq_lens: list[int], h: int, hkv: int, d: int, page: int, seed: int = 0):
+    """Scattered pages for each sequence, random caches and a fused qkv whose q/k/v views the
+    kernel reads; slots are where each sequence's newest token goes."""
+    g = torch.Generator().manual_seed(seed)
+    b = len(seq_lens)
     pages_needed = [-(-s // page) for s in seq_lens]
     n_pages = sum(pages_needed) + 2
-    perm = torch.randperm(n_pages)  # sequences own scattered pages
-    tables = torch.zeros(b, max(pages_needed), dtype=torch.int32)
+    perm = torch.randperm(n_pages, generator=g)  # sequences own scattered pages
+    tables = torch.zeros(b, max(pages_needed) + 1, dtype=torch.int32)  # wider than needed
     at = 0
     for i, p in enumerate(pages_needed):
         tables[i, :p] = perm[at:at + p].to(torch.int32)
         at += p
-    k_cache = torch.randn(n_pages, page, hkv, d)
-    v_cache = torch.randn(n_pages, page, hkv, d)
+    k_cache = torch.randn(n_pages, page, hkv, d, generator=g)
+    v_cache = torch.randn(n_pages, page, hkv, d, generator=g)
     slots = torch.tensor([int(tables[i, (s - 1) // page]) * page + (s - 1) % page
                           for i, s in enumerate(seq_lens)], dtype=torch.int64)
-    qkv = torch.randn(b, (h + 2 * hkv) * d)
+    qkv = torch.randn(b, (h + 2 * hkv) * d + 8, generator=g) * 2  # rows wider than q|k|v
     q = qkv[:, :h * d].view(b, h, d)
     k = qkv[:, h * d:(h + hkv) * d].view(b, hkv, d)
-    v = qkv[:, (h + hkv) * d:].view(b, hkv, d)
-    kc, vc = k_cache.clone(), v_cache.clone()
-    out = kernels.paged_decode(q, k, v, kc, vc, slots, tables,
-                               torch.tensor(seq_lens, dtype=torch.int32), page, d ** -0.5)
+    v = qkv[:, (h + hkv) * d:(h + 2 * hkv) * d].view(b, hkv, d)
+    return q, k, v, k_cache, v_cache, slots, tables
+
+
+def _paged_reference(q, k, kc, vc, slots, tables, seq_lens, page):
+    """sdpa over each sequence's gathered keys/values (after the kernel wrote the new ones)."""
+    b, h, d = q.shape
+    hkv = kc.shape[2]
+    out = torch.empty(b, h, d)
+    flat_k, flat_v = kc.view(-1, hkv, d), vc.view(-1, hkv, d)
     for i, s in enumerate(seq_lens):
-        flat_k = kc.view(-1, hkv, d)
         torch.testing.assert_close(flat_k[slots[i]], k[i])  # the new key was written
-        idx = torch.cat([int(tables[i, j // page]) * page + torch.tensor([j % page])
-                         for j in range(s)])
-        ks = flat_k[idx].transpose(0, 1)  # [Hkv, S, D]
-        vs = vc.view(-1, hkv, d)[idx].transpose(0, 1)
-        want = F.scaled_dot_product_attention(q[i][:, None, :], ks, vs, scale=d ** -0.5,
-                                              enable_gqa=True)[:, 0, :]
-        torch.testing.assert_close(out[i], want, rtol=1e-5, atol=1e-5)
+        idx = torch.tensor([int(tables[i, j // page]) * page + j % page for j in range(s)])
+        ks = flat_k[idx].transpose(0, 1).double()  # [Hkv, S, D]
+        vs = flat_v[idx].transpose(0, 1).double()
+        out[i] = F.scaled_dot_product_attention(q[i][:, None, :].double(), ks, vs,
+                                                scale=d ** -0.5, enable_gqa=True)[:, 0, :].float()
+    return out
+
+
+def _paged_decode(q, k, v, k_cache, v_cache, slots, tables, seq_lens, page, threads=None):
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads or old)
+    try:
+        return kernels.paged_decode(q, k, v, k_cache, v_cache, slots, tables,
+                                    torch.tensor(seq_lens, dtype=torch.int32), page,
+                                    q.shape[2] ** -0.5)
+    finally:
+        torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("page", [1, 4, 16])
+def test_paged_decode_against_sdpa(page):
+    seq_lens = [5, 1, 23]
+    case = _paged_case(seq_lens, 6, 2, 16, page)  # head dim 16: the portable path
+    kc, vc = case[3].clone(), case[4].clone()
+    out = _paged_decode(*case[:3], kc, vc, *case[5:], seq_lens, page)
+    want = _paged_reference(case[0], case[1], kc, vc, case[5], case[6], seq_lens, page)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("h", "hkv", "d"), [(9, 3, 64), (4, 4, 32), (4, 2, 64), (8, 2, 32),
+                                             (10, 2, 64), (8, 1, 128)])
+@pytest.mark.parametrize("seq_lens", [[1], [7, 130], [192, 1, 3, 66, 5, 200, 33, 257]])
+@pytest.mark.parametrize("page", [1, 5, 16])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_paged_decode_gqa_groups_against_sdpa(h, hkv, d, seq_lens, page, threads):
+    """The register-tiled path (head dim a multiple of 32): query-head groups of 1-8 per KV
+    head (tiles of up to 3 heads and their remainders), key counts around the 4-key tile,
+    partial last pages, batches split across one and two threads."""
+    case = _paged_case(seq_lens, h, hkv, d, page, seed=len(seq_lens) * 100 + page)
+    kc, vc = case[3].clone(), case[4].clone()
+    out = _paged_decode(*case[:3], kc, vc, *case[5:], seq_lens, page, threads)
+    want = _paged_reference(case[0], case[1], kc, vc, case[5], case[6], seq_lens, page)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=2e-6)
+
+
+def test_paged_decode_portable_c_against_sdpa(portable_lib):
+    seq_lens = [9, 1, 40]
+    q, k, v, kc, vc, slots, tables = _paged_case(seq_lens, 9, 3, 64, 4, seed=3)
+    out, lens = torch.empty(q.shape), torch.tensor(seq_lens, dtype=torch.int32)
+    portable_lib.infer_paged_decode(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0),
+                                    v.data_ptr(), v.stride(0), kc.data_ptr(), vc.data_ptr(),
+                                    slots.data_ptr(), tables.data_ptr(), tables.stride(0),
+                                    lens.data_ptr(), out.data_ptr(), 3, 9, 3, 64, 4, 64 ** -0.5)
+    want = _paged_reference(q, k, kc, vc, slots, tables, seq_lens, 4)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=2e-6)
+
+
+def test_paged_decode_long_sequence_heap_scratch():
+    """More positions than the kernel's stack scratch (2048 offsets, 3 x 2048 scores)."""
+    seq_lens = [2500, 40]
+    case = _paged_case(seq_lens, 9, 3, 64, 16, seed=7)
+    kc, vc = case[3].clone(), case[4].clone()
+    out = _paged_decode(*case[:3], kc, vc, *case[5:], seq_lens, 16)
+    want = _paged_reference(case[0], case[1], kc, vc, case[5], case[6], seq_lens, 16)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=2e-6)
 
 
 def test_inputs_the_kernels_do_not_take_give_none():

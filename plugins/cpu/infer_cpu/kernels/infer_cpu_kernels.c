@@ -425,6 +425,70 @@ void infer_qgemm(int kind, const float *x, int64_t x_stride, int M, int K, int s
   free(xs);
 }
 
+/* q8f_gemm tiles: Q8F_TR weight rows x Q8F_TM activation rows of accumulators (8 registers,
+ * 6 loads per 8 FMAs), weight rows converted to float Q8F_ROWS at a time. */
+#define Q8F_TR 2
+#define Q8F_TM 4
+#define Q8F_ROWS 4
+#ifdef __AVX2__
+/* y[m * y_stride + r] = wf_r . x_m for NR <= Q8F_TR weight rows wf [NR, K] (float) and
+ * mr <= Q8F_TM activation rows; every dot product accumulates 8 lanes over K in order (as the
+ * one-row loop of the per-row path did), then one horizontal sum. */
+static inline __attribute__((always_inline)) void q8f_tile(const float *wf, int NR, int K,
+                                                           const float *x, int64_t x_stride, int mr,
+                                                           float *y, int64_t y_stride) {
+  __m256 a[Q8F_TR][Q8F_TM];
+  for (int r = 0; r < NR; r++)
+    for (int m = 0; m < mr; m++) a[r][m] = _mm256_setzero_ps();
+  for (int i = 0; i < K; i += 8) {
+    __m256 xv[Q8F_TM];
+    for (int m = 0; m < mr; m++) xv[m] = _mm256_loadu_ps(x + (int64_t)m * x_stride + i);
+    for (int r = 0; r < NR; r++) {
+      __m256 w = _mm256_load_ps(wf + (int64_t)r * K + i);
+      for (int m = 0; m < mr; m++) a[r][m] = _mm256_fmadd_ps(w, xv[m], a[r][m]);
+    }
+  }
+  for (int m = 0; m < mr; m++)
+    for (int r = 0; r < NR; r++) y[(int64_t)m * y_stride + r] = hsum256(a[r][m]);
+}
+
+/* Weight rows [n0, n0 + nr) (nr <= Q8F_ROWS) against all M activation rows: the rows are
+ * converted to float once (wf, 32-byte aligned, Q8F_ROWS K floats) and reused by every
+ * Q8F_TR x Q8F_TM tile. */
+static void q8f_rows(const float *x, int64_t x_stride, int M, int K, const block_q8 *w, int n0,
+                     int nr, float *wf, float *y, int64_t y_stride) {
+  int nb = K / QK;
+  for (int r = 0; r < nr; r++)
+    for (int b = 0; b < nb; b++) {
+      const block_q8 *blk = w + (int64_t)(n0 + r) * nb + b;
+      __m256 db = _mm256_set1_ps(h2f(blk->d));
+      for (int t = 0; t < 4; t++)
+        _mm256_store_ps(wf + (int64_t)r * K + b * QK + 8 * t,
+                        _mm256_mul_ps(db, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                              _mm_loadl_epi64((const __m128i *)(blk->qs + 8 * t))))));
+    }
+  for (int m0 = 0; m0 < M; m0 += Q8F_TM) {
+    int mr = M - m0 < Q8F_TM ? M - m0 : Q8F_TM;
+    const float *xm = x + (int64_t)m0 * x_stride;
+    for (int r0 = 0; r0 < nr; r0 += Q8F_TR) {
+      const float *wr = wf + (int64_t)r0 * K;
+      float *ym = y + (int64_t)m0 * y_stride + n0 + r0;
+      if (nr - r0 >= Q8F_TR) {
+        switch (mr) { /* constant tile shapes keep the accumulators in registers */
+        case Q8F_TM: q8f_tile(wr, Q8F_TR, K, xm, x_stride, Q8F_TM, ym, y_stride); break;
+        case 3: q8f_tile(wr, Q8F_TR, K, xm, x_stride, 3, ym, y_stride); break;
+        case 2: q8f_tile(wr, Q8F_TR, K, xm, x_stride, 2, ym, y_stride); break;
+        default: q8f_tile(wr, Q8F_TR, K, xm, x_stride, 1, ym, y_stride); break;
+        }
+      } else {
+        for (int r = 0; r < nr - r0; r++)
+          q8f_tile(wr + (int64_t)r * K, 1, K, xm, x_stride, mr, ym + r, y_stride);
+      }
+    }
+  }
+}
+#endif
+
 /* y[m, n] = sum_b d[n, b] * (q[n, b] . x[m, b]) with float32 activations (no activation
  * quantization: for outputs that are sensitive to it, such as the LM head's logits).
  * w = [N, K/32] block_q8; y rows of stride y_stride. */
@@ -432,42 +496,36 @@ void infer_q8f_gemm(const float *x, int64_t x_stride, int M, int K, const void *
                     float *y, int64_t y_stride) {
   int nb = K / QK;
   const block_q8 *wall = (const block_q8 *)wv;
+#ifdef __AVX2__
+  if (M >= 2) {
+#pragma omp parallel num_threads(g_threads)
+    {
+      float *wf = (float *)aligned_alloc(32, sizeof(float) * Q8F_ROWS * (size_t)K);
+#pragma omp for schedule(static)
+      for (int n0 = 0; n0 < N; n0 += Q8F_ROWS)
+        q8f_rows(x, x_stride, M, K, wall, n0, N - n0 < Q8F_ROWS ? N - n0 : Q8F_ROWS, wf, y,
+                 y_stride);
+      free(wf);
+    }
+    return;
+  }
+#endif
 #pragma omp parallel for num_threads(g_threads) schedule(static)
   for (int n = 0; n < N; n++) {
     const block_q8 *w = wall + (int64_t)n * nb;
 #ifdef __AVX2__
 #define W8(i) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(w[b].qs + 8 * (i)))))
-    if (M == 1) { /* one row: four independent accumulators, one hsum */
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-      for (int b = 0; b < nb; b++) {
-        const float *xb = x + (int64_t)b * QK;
-        __m256 db = _mm256_set1_ps(h2f(w[b].d));
-        a0 = _mm256_fmadd_ps(_mm256_mul_ps(db, W8(0)), _mm256_loadu_ps(xb), a0);
-        a1 = _mm256_fmadd_ps(_mm256_mul_ps(db, W8(1)), _mm256_loadu_ps(xb + 8), a1);
-        a2 = _mm256_fmadd_ps(_mm256_mul_ps(db, W8(2)), _mm256_loadu_ps(xb + 16), a2);
-        a3 = _mm256_fmadd_ps(_mm256_mul_ps(db, W8(3)), _mm256_loadu_ps(xb + 24), a3);
-      }
-      y[n] = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-      continue;
+    /* one row: four independent accumulators, one hsum */
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int b = 0; b < nb; b++) {
+      const float *xb = x + (int64_t)b * QK;
+      __m256 db = _mm256_set1_ps(h2f(w[b].d));
+      a0 = _mm256_fmadd_ps(_mm256_mul_ps(db, W8(0)), _mm256_loadu_ps(xb), a0);
+      a1 = _mm256_fmadd_ps(_mm256_mul_ps(db, W8(1)), _mm256_loadu_ps(xb + 8), a1);
+      a2 = _mm256_fmadd_ps(_mm256_mul_ps(db, W8(2)), _mm256_loadu_ps(xb + 16), a2);
+      a3 = _mm256_fmadd_ps(_mm256_mul_ps(db, W8(3)), _mm256_loadu_ps(xb + 24), a3);
     }
-    __m256 acc[16];
-    for (int m0 = 0; m0 < M; m0 += 16) {
-      int mc = M - m0 < 16 ? M - m0 : 16;
-      for (int m = 0; m < mc; m++) acc[m] = _mm256_setzero_ps();
-      for (int b = 0; b < nb; b++) {
-        __m256 db = _mm256_set1_ps(h2f(w[b].d));
-        __m256 wf[4] = {_mm256_mul_ps(db, W8(0)), _mm256_mul_ps(db, W8(1)),
-                        _mm256_mul_ps(db, W8(2)), _mm256_mul_ps(db, W8(3))};
-        for (int m = 0; m < mc; m++) {
-          const float *xb = x + (int64_t)(m0 + m) * x_stride + (int64_t)b * QK;
-          __m256 a = _mm256_fmadd_ps(wf[0], _mm256_loadu_ps(xb), acc[m]);
-          a = _mm256_fmadd_ps(wf[1], _mm256_loadu_ps(xb + 8), a);
-          a = _mm256_fmadd_ps(wf[2], _mm256_loadu_ps(xb + 16), a);
-          acc[m] = _mm256_fmadd_ps(wf[3], _mm256_loadu_ps(xb + 24), a);
-        }
-      }
-      for (int m = 0; m < mc; m++) y[(int64_t)(m0 + m) * y_stride + n] = hsum256(acc[m]);
-    }
+    y[n] = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 #undef W8
 #else
     for (int m = 0; m < M; m++) {
@@ -574,7 +632,7 @@ static float exp_minus_max(float *s, int n, float mx) {
 }
 
 /* One (sequence, query head) of decode attention: out[bh] = softmax(q k^T * scale) v over the
- * sequence's pages. */
+ * sequence's pages. The portable path (no AVX2, or D not a multiple of 32). */
 static void attend_one(int bh, const float *q, int64_t q_stride, const float *k_cache,
                        const float *v_cache, const int32_t *block_tables, int64_t bt_stride,
                        const int32_t *seq_lens, float *out, int H, int Hkv, int D, int page,
@@ -607,6 +665,180 @@ static void attend_one(int bh, const float *q, int64_t q_stride, const float *k_
   if (scores != sbuf) free(scores);
 }
 
+#ifdef __AVX2__
+/* s[h * ls + j] = scale * (q_h . k_j) for nh <= 3 query heads (q_h = q + h D) and the L keys at
+ * kb + off[j]. Tiles of 4 keys x nh heads: each key is loaded once for all the heads, and one
+ * hadd tree turns the 4 x nh accumulators into 4 scores per head. */
+static inline __attribute__((always_inline)) void group_scores(
+    const float *q, int nh, const float *kb, const int64_t *off, int L, int D, float scale,
+    float *s, int ls) {
+  const __m128 sc = _mm_set1_ps(scale);
+  int j = 0;
+  for (; j + 4 <= L; j += 4) {
+    const float *k0 = kb + off[j], *k1 = kb + off[j + 1], *k2 = kb + off[j + 2], *k3 = kb + off[j + 3];
+    __m256 a[3][4];
+    for (int h = 0; h < nh; h++)
+      for (int t = 0; t < 4; t++) a[h][t] = _mm256_setzero_ps();
+    for (int i = 0; i < D; i += 8) {
+      __m256 x0 = _mm256_loadu_ps(k0 + i), x1 = _mm256_loadu_ps(k1 + i),
+             x2 = _mm256_loadu_ps(k2 + i), x3 = _mm256_loadu_ps(k3 + i);
+      for (int h = 0; h < nh; h++) {
+        __m256 qv = _mm256_loadu_ps(q + (int64_t)h * D + i);
+        a[h][0] = _mm256_fmadd_ps(qv, x0, a[h][0]);
+        a[h][1] = _mm256_fmadd_ps(qv, x1, a[h][1]);
+        a[h][2] = _mm256_fmadd_ps(qv, x2, a[h][2]);
+        a[h][3] = _mm256_fmadd_ps(qv, x3, a[h][3]);
+      }
+    }
+    for (int h = 0; h < nh; h++) {
+      __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a[h][0], a[h][1]), _mm256_hadd_ps(a[h][2], a[h][3]));
+      __m128 r = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+      _mm_storeu_ps(s + (int64_t)h * ls + j, _mm_mul_ps(r, sc));
+    }
+  }
+  for (; j < L; j++) {
+    const float *kj = kb + off[j];
+    for (int h = 0; h < nh; h++) {
+      __m256 a = _mm256_setzero_ps();
+      for (int i = 0; i < D; i += 8)
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(q + (int64_t)h * D + i), _mm256_loadu_ps(kj + i), a);
+      s[(int64_t)h * ls + j] = hsum256(a) * scale;
+    }
+  }
+}
+
+/* o_h = inv[h] * sum_j p[h * ls + j] v_j for nh <= 3 heads (o_h = o + h D), the L values at
+ * vb + off[j]; D a multiple of 32, done 32 columns at a time (4 x nh accumulators). */
+static inline __attribute__((always_inline)) void group_values(
+    const float *p, int ls, int nh, const float *vb, const int64_t *off, int L, int D,
+    const float *inv, float *o) {
+  for (int i0 = 0; i0 < D; i0 += 32) {
+    __m256 a[3][4];
+    for (int h = 0; h < nh; h++)
+      for (int t = 0; t < 4; t++) a[h][t] = _mm256_setzero_ps();
+    for (int j = 0; j < L; j++) {
+      const float *vj = vb + off[j] + i0;
+      __m256 x0 = _mm256_loadu_ps(vj), x1 = _mm256_loadu_ps(vj + 8),
+             x2 = _mm256_loadu_ps(vj + 16), x3 = _mm256_loadu_ps(vj + 24);
+      for (int h = 0; h < nh; h++) {
+        __m256 ph = _mm256_broadcast_ss(p + (int64_t)h * ls + j);
+        a[h][0] = _mm256_fmadd_ps(ph, x0, a[h][0]);
+        a[h][1] = _mm256_fmadd_ps(ph, x1, a[h][1]);
+        a[h][2] = _mm256_fmadd_ps(ph, x2, a[h][2]);
+        a[h][3] = _mm256_fmadd_ps(ph, x3, a[h][3]);
+      }
+    }
+    for (int h = 0; h < nh; h++) {
+      __m256 sc = _mm256_set1_ps(inv[h]);
+      for (int t = 0; t < 4; t++)
+        _mm256_storeu_ps(o + (int64_t)h * D + i0 + 8 * t, _mm256_mul_ps(a[h][t], sc));
+    }
+  }
+}
+
+/* max_j s[j] */
+static float max_row(const float *s, int n) {
+  __m256 m = _mm256_set1_ps(-INFINITY);
+  int j = 0;
+  for (; j + 8 <= n; j += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + j));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  float mx = _mm_cvtss_f32(m4);
+  for (; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+  return mx;
+}
+
+/* nh <= 3 query heads q [nh, D] against one KV head's L keys / values at kb / vb + off[j]:
+ * o [nh, D] = softmax(q k^T * scale) v. s: nh * L floats of scratch. */
+static void attend_heads(const float *q, int nh, const float *kb, const float *vb,
+                         const int64_t *off, int L, int D, float scale, float *s, float *o) {
+  float inv[3];
+  switch (nh) { /* constant head counts: the tiles stay in registers */
+  case 3: group_scores(q, 3, kb, off, L, D, scale, s, L); break;
+  case 2: group_scores(q, 2, kb, off, L, D, scale, s, L); break;
+  default: group_scores(q, 1, kb, off, L, D, scale, s, L); break;
+  }
+  for (int h = 0; h < nh; h++) {
+    float *sh = s + (int64_t)h * L;
+    inv[h] = 1.f / exp_minus_max(sh, L, max_row(sh, L));
+  }
+  switch (nh) {
+  case 3: group_values(s, L, 3, vb, off, L, D, inv, o); break;
+  case 2: group_values(s, L, 2, vb, off, L, D, inv, o); break;
+  default: group_values(s, L, 1, vb, off, L, D, inv, o); break;
+  }
+}
+#endif
+
+typedef struct {
+  const float *q;
+  int64_t q_stride;
+  const float *k_cache, *v_cache;
+  const int32_t *block_tables;
+  int64_t bt_stride;
+  const int32_t *seq_lens;
+  float *out;
+  int B, H, Hkv, D, page;
+  float scale;
+} decode_attn;
+
+/* The (sequence, KV head) units [u0, u1) of B * Hkv: the query heads of one KV head share its
+ * keys and values, which are read once for all of them (in register tiles of up to 3 heads). */
+static void attend_units(const decode_attn *a, int u0, int u1) {
+  int group = a->H / a->Hkv;
+#ifdef __AVX2__
+  if (a->D % 32 == 0) {
+    int64_t row = (int64_t)a->Hkv * a->D;
+    int64_t obuf[2048];
+    float sbuf[6144];
+    int64_t *off = obuf;
+    float *s = sbuf;
+    int cap = 0, cap_s = 0;
+    for (int u = u0; u < u1; u++) {
+      int b = u / a->Hkv, g = u % a->Hkv, L = a->seq_lens[b];
+      if (L > 2048 && L > cap) {
+        if (off != obuf) free(off);
+        off = (int64_t *)malloc(sizeof(int64_t) * (size_t)L);
+        cap = L;
+      }
+      if (3 * L > 6144 && 3 * L > cap_s) {
+        if (s != sbuf) free(s);
+        s = (float *)malloc(sizeof(float) * 3 * (size_t)L);
+        cap_s = 3 * L;
+      }
+      const int32_t *bt = a->block_tables + b * a->bt_stride;
+      for (int j = 0, p = 0; j < L; p++) { /* the row offset of every position, page by page */
+        int64_t r = (int64_t)bt[p] * a->page * row;
+        for (int i = 0; i < a->page && j < L; i++, r += row) off[j++] = r;
+      }
+      int64_t at = (int64_t)g * a->D;
+      for (int h0 = 0; h0 < group; h0 += 3) {
+        int nh = group - h0 < 3 ? group - h0 : 3, h = g * group + h0;
+        attend_heads(a->q + b * a->q_stride + (int64_t)h * a->D, nh, a->k_cache + at,
+                     a->v_cache + at, off, L, a->D, a->scale, s,
+                     a->out + ((int64_t)b * a->H + h) * a->D);
+      }
+    }
+    if (off != obuf) free(off);
+    if (s != sbuf) free(s);
+    return;
+  }
+#endif
+  for (int u = u0; u < u1; u++)
+    for (int h = 0; h < group; h++)
+      attend_one((u / a->Hkv) * a->H + (u % a->Hkv) * group + h, a->q, a->q_stride, a->k_cache,
+                 a->v_cache, a->block_tables, a->bt_stride, a->seq_lens, a->out, a->H, a->Hkv,
+                 a->D, a->page, a->scale);
+}
+
+/* Thread tid's share of the B * Hkv attention units: contiguous, so a thread reads whole cache
+ * rows of its sequences. */
+static void attend_share(const decode_attn *a, int tid, int nt) {
+  int U = a->B * a->Hkv;
+  attend_units(a, (int)((int64_t)U * tid / nt), (int)((int64_t)U * (tid + 1) / nt));
+}
+
 /* The new tokens' k/v rows (row stride k_stride / v_stride, row floats each) into the caches at
  * slots[b]. */
 static void write_kv(const float *k, int64_t k_stride, const float *v, int64_t v_stride,
@@ -627,10 +859,17 @@ void infer_paged_decode(const float *q, int64_t q_stride, const float *k, int64_
                         const int32_t *seq_lens, float *out, int B, int H, int Hkv, int D, int page,
                         float scale) {
   write_kv(k, k_stride, v, v_stride, k_cache, v_cache, slots, B, (int64_t)Hkv * D);
-#pragma omp parallel for num_threads(B * H >= 4 ? g_threads : 1) schedule(static)
-  for (int bh = 0; bh < B * H; bh++)
-    attend_one(bh, q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, H, Hkv,
-               D, page, scale);
+  decode_attn a = {q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out,
+                   B, H, Hkv, D, page, scale};
+#pragma omp parallel num_threads(B * Hkv >= 2 ? g_threads : 1)
+  {
+    int nt = 1, tid = 0;
+#ifdef _OPENMP
+    nt = omp_get_num_threads();
+    tid = omp_get_thread_num();
+#endif
+    attend_share(&a, tid, nt);
+  }
 }
 
 /* ---- A whole decode step of a Llama-family decoder stack in one call (the CPU graph runner) ----
@@ -753,9 +992,9 @@ void infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int 
                  L->v_cache, slots, B, row);
       }
       spin_wait(&bar);
-      for (int bh = tid; bh < B * H; bh += nt)
-        attend_one(bh, qkv, qkv_w, L->k_cache, L->v_cache, block_tables, bt_stride, seq_lens, att,
-                   H, Hkv, D, page, scale);
+      decode_attn at = {qkv, qkv_w, L->k_cache, L->v_cache, block_tables, bt_stride, seq_lens,
+                        att, B, H, Hkv, D, page, scale};
+      attend_share(&at, tid, nt);
       spin_wait(&bar);
       a = quantize_team(att, att_w, B, att_w, 0, mine, sq, tid, nt, &bar);
       share(hidden, tid, nt, &n0, &n1);
