@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from infer_cuda.kernels import gemv as g
+from infer_cuda.kernels.common import arrival_counters
 from kernel_utils import CAN_RUN_KERNELS, INTERPRET, KERNEL_DEVICE, SKIP_REASON, bf16_tol, rel_err
 from torch import nn
 
@@ -68,8 +69,8 @@ def test_split_k_counters_reset():
     x, w, b = _inputs(2, 37, 100, torch.float32, bias=True)
     config = SPLIT_CONFIGS[0]
     first = g.gemv(x, w, b, config)
-    counters = g._COUNTERS[(x.device, -(-37 // config[0]))]
-    assert counters.numel() == 3 and not counters.any()  # 3 N-blocks, each back to 0
+    counters = arrival_counters(x.device, -(-37 // config[0]))  # the buffer the launch used
+    assert counters.numel() >= 3 and not counters.any()  # 3 N-blocks, each back to 0
     assert torch.equal(g.gemv(x, w, b, config), first)  # fixed-order sum: bitwise the same
     _check(first, x, w, b)
 

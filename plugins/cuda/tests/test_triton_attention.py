@@ -55,6 +55,7 @@ def test_store_then_decode(dtype, num_splits, fused_merge):
     """Lengths 1..51 with 8 splits of 16 leave some splits empty (lse -inf), which the merge
     must skip; the fused merge must leave its tickets at 0 for the next launch."""
     from infer_cuda.kernels import decode_attention as da
+    from infer_cuda.kernels.common import arrival_counters
     from infer_cuda.kernels.kv_store import store_kv
 
     gen = torch.Generator().manual_seed(torch.seed() % 2**31)
@@ -68,7 +69,7 @@ def test_store_then_decode(dtype, num_splits, fused_merge):
                             scale=32 ** -0.5, num_splits=num_splits, block_n=16,
                             fused_merge=fused_merge)
         assert rel_err(out, expect) < _tol(dtype)
-        assert int(da._counters(out.device, 8).count_nonzero()) == 0
+        assert int(arrival_counters(out.device, 8).count_nonzero()) == 0
 
 
 def test_store_skips_negative_slots():

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_cuda.kernels.common import dot_precision, dot_upcast, interpreting
+from infer_cuda.kernels.common import arrival_counters, dot_precision, dot_upcast, interpreting
 from infer_cuda.kernels.paged_kv import load_kv_tile
 
 logger = logging.getLogger(__name__)
@@ -159,22 +159,6 @@ Config = tuple[int, int, int, bool]
 _BLOCKS = [(64, 4, 2), (32, 4, 2), (128, 4, 2), (64, 8, 3), (128, 8, 3), (32, 2, 2)]
 _CONFIGS: list[Config] = [(*blk, False) for blk in _BLOCKS] + [(*blk, True) for blk in _BLOCKS]
 _TUNED: dict[tuple, Config] = {}
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-_RETIRED: list[torch.Tensor] = []  # outgrown counters: graphs captured with them still read them
-
-
-def _counters(device: torch.device, n: int) -> torch.Tensor:
-    """Zeroed int32 tickets, one per (sequence, kv head); the merging program leaves each at 0.
-    Grown before CUDA-graph capture in practice (the warm-up runs the largest batch first)."""
-    buf = _COUNTERS.get(device)
-    if buf is None or buf.numel() < n:
-        if buf is not None:
-            _RETIRED.append(buf)
-        buf = _COUNTERS[device] = torch.zeros(max(4096, triton.next_power_of_2(n)),
-                                              dtype=torch.int32, device=device)
-    return buf
-
-
 def _tuned_config(key: tuple, launch: Callable[[Config], None], out: torch.Tensor) -> Config:
     """Fastest config for ``key``, timed on first use (never while a CUDA graph is being
     captured: the warm-up before capture fills the table). Interpreter: the default.
@@ -222,7 +206,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     block_d = triton.next_power_of_2(head_dim)
     kv_scaled = k_cache.dtype != q.dtype
 
-    counters = _counters(q.device, bsz * num_kv_heads)
+    counters = arrival_counters(q.device, bsz * num_kv_heads)
 
     def launch(cfg: Config) -> None:
         bn, warps, stages, fused = cfg

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from infer_cuda.kernels.common import interpreting
+from infer_cuda.kernels.common import arrival_counters, interpreting
 
 log = logging.getLogger(__name__)
 
@@ -126,19 +126,6 @@ def _gemv_kernel(
             tl.store(Counters + pid_n, 0)
 
 
-_COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
-
-
-def _counters(device: torch.device, n_blocks: int) -> torch.Tensor:
-    """Zeroed int32 arrival counters, one per N-block, kept for the process's life: captured
-    graphs hold their address, and the kernel leaves them zero. Launches that share a buffer must
-    not overlap in time (same stream), since they count into the same slots."""
-    key = (device, n_blocks)
-    if key not in _COUNTERS:
-        _COUNTERS[key] = torch.zeros(n_blocks, dtype=torch.int32, device=device)
-    return _COUNTERS[key]
-
-
 def _splits(K: int, block_k: int, split_k: int) -> tuple[int, int]:
     """(splits, K per split): each split a whole number of BLOCK_K chunks, none empty."""
     k_per_split = max(1, triton.cdiv(triton.cdiv(K, split_k), block_k)) * block_k
@@ -175,7 +162,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     splits, k_per_split = _splits(K, block_k, split_k)
     n_blocks = triton.cdiv(N, block_n)
     part = torch.empty(splits, M, N, dtype=torch.float32, device=x.device) if splits > 1 else y
-    counters = _counters(x.device, n_blocks) if splits > 1 else y
+    counters = arrival_counters(x.device, n_blocks) if splits > 1 else y
     _gemv_kernel[(n_blocks, splits)](
         x, weight, y if bias is None else bias, y, part, counters,
         y if weight_scale is None else weight_scale.reshape(-1),
