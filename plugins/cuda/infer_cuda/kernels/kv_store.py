@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from infer.core.ops.attention import RotaryArgs
 
 
 @triton.jit
@@ -115,6 +116,19 @@ def _rope_store_kernel(
                  k.to(KCache.dtype.element_ty), mask=mask_kv)
         tl.store(VCache + slot * stride_vcs + offs_hk[:, None] * stride_vch + offs_d[None, :],
                  v.to(VCache.dtype.element_ty), mask=mask_kv)
+
+
+def write_new_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rotary: RotaryArgs | None,
+                 k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                 k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+    """An attention backend's first step: write this step's k/v into the cache, rotating q and k
+    first when ``rotary`` is given (the backend fuses rotary). Returns q: rotated and contiguous,
+    or as given."""
+    if rotary is None:
+        store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+        return q
+    return rope_store_kv(q, k, v, rotary.positions, rotary.cos_sin, rotary.rotary_dim, k_cache,
+                         v_cache, slot_mapping, k_scale, v_scale)
 
 
 def rope_store_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,

@@ -18,7 +18,7 @@ from infer.core.ops.attention import (
     RotaryArgs,
 )
 
-from infer_cuda.kernels.kv_store import rope_store_kv, store_kv
+from infer_cuda.kernels.kv_store import write_new_kv
 
 WORKSPACE_BYTES = 128 * 2**20
 
@@ -80,11 +80,7 @@ class FlashInferAttention(AttentionBackend):
                 rotary: RotaryArgs | None = None) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D], caches [P, page, Hkv, D] -> [T, H, D]."""
         assert self.meta is not None, "plan() must run before forward()"
-        if rotary is not None:  # our rotary + cache-write kernel, then FlashInfer's attention
-            q = rope_store_kv(q, k, v, rotary.positions, rotary.cos_sin, rotary.rotary_dim,
-                              k_cache, v_cache, self.meta.slot_mapping, self.k_scale, self.v_scale)
-        else:
-            store_kv(k, v, k_cache, v_cache, self.meta.slot_mapping, self.k_scale, self.v_scale)
-            q = q.contiguous()
+        q = write_new_kv(q, k, v, rotary, k_cache, v_cache, self.meta.slot_mapping, self.k_scale,
+                         self.v_scale).contiguous()  # our kernels first, then FlashInfer's
         wrapper = self._decode if self._is_decode else self._prefill
         return wrapper.run(q, (k_cache, v_cache))

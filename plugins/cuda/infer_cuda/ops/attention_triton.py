@@ -23,7 +23,7 @@ from infer.core.ops.attention import (
 
 from infer_cuda.kernels.decode_attention import decode_attention, pick_num_splits
 from infer_cuda.kernels.extend_attention import extend_attention
-from infer_cuda.kernels.kv_store import rope_store_kv, store_kv
+from infer_cuda.kernels.kv_store import write_new_kv
 
 
 def _num_sms(device: torch.device) -> int:
@@ -58,11 +58,8 @@ class TritonAttention(AttentionBackend):
         """q [T, H, D], k/v [T, Hkv, D], caches [P, page, Hkv, D] -> [T, H, D]."""
         meta = self.meta
         assert meta is not None, "plan() must run before forward()"
-        if rotary is not None:
-            q = rope_store_kv(q, k, v, rotary.positions, rotary.cos_sin, rotary.rotary_dim,
-                              k_cache, v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
-        else:
-            store_kv(k, v, k_cache, v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
+        q = write_new_kv(q, k, v, rotary, k_cache, v_cache, meta.slot_mapping, self.k_scale,
+                         self.v_scale)
         if q.stride(-1) != 1:
             q = q.contiguous()
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
