@@ -51,7 +51,7 @@ def gemv_vs_cublas(cfg: dict, bw: float, rows: list[int], fp8: bool = False) -> 
     over weight copies that together exceed twice the L2 cache. ``fp8``: fp8 weights with
     per-channel scales, the peer being ``--quantization fp8``'s quantize + _scaled_mm path."""
     from infer_cuda.kernels.gemv import time_choices
-    from infer_cuda.ops.linear_fp8 import scaled_mm_linear
+    from infer_cuda.ops.linear_fp8 import scaled_mm_baseline
 
     h, inter, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["hidden_size"] // cfg["num_attention_heads"]
     shapes = {"qkv_proj": ((cfg["num_attention_heads"] + 2 * cfg["num_key_value_heads"]) * hd, h),
@@ -68,8 +68,7 @@ def gemv_vs_cublas(cfg: dict, bw: float, rows: list[int], fp8: bool = False) -> 
                 w = torch.randn(n, k, device=dev).to(torch.float8_e4m3fn)
                 scale = torch.rand(n, device=dev) + 0.5
                 times = time_choices(m, n, k, torch.bfloat16, dev, weight=w, weight_scale=scale,
-                                     baseline=lambda x, ww, s=scale: scaled_mm_linear(
-                                         x, ww, s.view(1, -1), None))
+                                     baseline=scaled_mm_baseline)
             else:
                 times = time_choices(m, n, k, torch.bfloat16, dev)
             cublas = times.pop("cublas")

@@ -40,7 +40,7 @@ FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 # (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages)
 Config = tuple[int, int, int, int, int]
 Choice = Config | str  # a Config, or "cublas"
-Baseline = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x, weight) -> y
+Baseline = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (x, w, w_scale) -> y
 # Small N-blocks and split-K keep all 132 SMs of an H100 busy on N = 4096; wide K chunks keep
 # many bytes in flight per thread. num_stages > 1 prefetches K chunks through shared memory
 # (cp.async; Triton pipelines loads that feed no tl.dot only in a tl.range with num_stages set),
@@ -199,7 +199,8 @@ def pick(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
     before capture makes the choice). Without a GPU (interpreter, CPU) it answers "cublas", or
     CONFIGS[0] under INFER_CUDA_GEMV=force. ``weight`` (optional): the layer's weight, timed in
     place of a fresh copy to save memory. fp8 weights: ``weight`` (fp8) and ``weight_scale`` are
-    required, and ``baseline(x, w)`` is the caller's own path (what "cublas" then stands for)."""
+    required, and ``baseline(x, w, weight_scale)`` is the caller's own path (what "cublas" then
+    stands for)."""
     how = mode()
     if how == "off":
         return "cublas"
@@ -259,7 +260,8 @@ def time_choices(M: int, N: int, K: int, dtype: torch.dtype, device: torch.devic
     x = torch.randn(M, K, dtype=dtype, device=device)
     fns: dict[Choice, Callable[[torch.Tensor], torch.Tensor]] = {}
     if with_cublas:
-        fns["cublas"] = (lambda w: F.linear(x, w)) if baseline is None else (lambda w: baseline(x, w))
+        fns["cublas"] = ((lambda w: F.linear(x, w)) if baseline is None
+                         else (lambda w: baseline(x, w, weight_scale)))
     for cfg in candidates(K):
         fns[cfg] = lambda w, cfg=cfg: gemv(x, w, None, cfg, weight_scale)
     calls = weights * math.ceil(8 / len(weights))  # >= 8 calls a replay: event cost amortised

@@ -71,7 +71,6 @@ def prewarm_small_m(N: int, K: int, dtype: torch.dtype, device: torch.device,
     while m <= gemv_kernel.MAX_M:
         gemv_kernel.pick(m, N, K, dtype, device, weight, scale, fp8_baseline)
         m *= 2
-    del weight, scale
 
 
 class CudaDenseLinearMethod(DenseLinearMethod):

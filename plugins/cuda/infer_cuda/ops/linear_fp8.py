@@ -50,8 +50,7 @@ class Fp8LinearMethod(LinearMethod):
         layer.weight = nn.Parameter(q, requires_grad=False)
         layer.weight_scale = scale.view(1, -1).contiguous()  # [1, out]
         prewarm_small_m(q.shape[0], q.shape[1], self.config.dtype, q.device, fp8_dtype=FP8,
-                        fp8_baseline=lambda x, w: scaled_mm_linear(
-                            x, w, torch.ones(1, w.shape[0], device=w.device), None))
+                        fp8_baseline=scaled_mm_baseline)
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> [..., out] in x's dtype."""
@@ -75,12 +74,17 @@ def scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
     return y if bias is None else y + bias
 
 
+def scaled_mm_baseline(x: torch.Tensor, weight: torch.Tensor,
+                       weight_scale: torch.Tensor) -> torch.Tensor:
+    """The path the GEMV is timed against: ``scaled_mm_linear`` with a [N] or [1, N] scale."""
+    return scaled_mm_linear(x, weight, weight_scale.view(1, -1), None)
+
+
 def small_m_fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                        bias: torch.Tensor | None) -> torch.Tensor:
     """x [M <= 8, in] -> [M, out] by whichever of the two paths ``pick`` chose for the shape."""
     choice = gemv_kernel.pick(x.shape[0], weight.shape[0], x.shape[1], x.dtype, x.device,
-                              weight, weight_scale,
-                              baseline=lambda xx, w: scaled_mm_linear(xx, w, weight_scale, None))
+                              weight, weight_scale, baseline=scaled_mm_baseline)
     if choice == "cublas":
         return scaled_mm_linear(x, weight, weight_scale, bias)
     return gemv_kernel.gemv(x, weight, bias, choice, weight_scale)
