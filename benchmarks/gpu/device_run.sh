@@ -54,22 +54,20 @@ if [[ " $SECTIONS " == *" gemv "* ]]; then
   (cd benchmarks/gpu && timeout ${GEMV_TIMEOUT:-240} python3 profile_kernels.py --gemv --gemv-rows 1 8 \
     --gemv-fp8 > "$OUT/gemv.txt" 2>&1); grep -v "us per config" "$OUT/gemv.txt" | tail -24
 fi
-if [[ " $SECTIONS " == *" decode "* ]]; then
+# decode_ab NAME [bench_engine flags...]: Llama-3-8B, batch 1 and 64, compile + prefill graphs,
+# once with the Triton GEMV off (cuBLAS only) and once on (timed per shape)
+decode_ab() {
+  local name=$1; shift
   for gemv in off auto; do
     INFER_CUDA_GEMV=$gemv timeout ${DECODE_TIMEOUT:-240} python3 benchmarks/gpu/bench_engine.py --model llama3-8b \
-      --batch 1 64 --enable-torch-compile --enable-piecewise-cuda-graph \
-      --json-out "$OUT/decode_gemv_$gemv.json" 2>&1 | grep -v "it/s\]" > "$OUT/decode_gemv_$gemv.log"
-    echo "== INFER_CUDA_GEMV=$gemv"; tail -6 "$OUT/decode_gemv_$gemv.log"
+      --batch 1 64 --enable-torch-compile --enable-piecewise-cuda-graph "$@" \
+      --json-out "$OUT/${name}_gemv_$gemv.json" 2>&1 | grep -v "it/s\]" > "$OUT/${name}_gemv_$gemv.log"
+    echo "== $name, INFER_CUDA_GEMV=$gemv"; tail -6 "$OUT/${name}_gemv_$gemv.log"
   done
-fi
+}
+if [[ " $SECTIONS " == *" decode "* ]]; then decode_ab decode; fi
 if [[ " $SECTIONS " == *" decode-fp8 "* ]]; then
-  for gemv in off auto; do
-    INFER_CUDA_GEMV=$gemv timeout ${DECODE_TIMEOUT:-240} python3 benchmarks/gpu/bench_engine.py --model llama3-8b \
-      --batch 1 64 --enable-torch-compile --enable-piecewise-cuda-graph --quantization fp8 \
-      --kv-cache-dtype fp8_e4m3 --json-out "$OUT/decode_fp8_gemv_$gemv.json" 2>&1 | grep -v "it/s\]" \
-      > "$OUT/decode_fp8_gemv_$gemv.log"
-    echo "== fp8, INFER_CUDA_GEMV=$gemv"; tail -6 "$OUT/decode_fp8_gemv_$gemv.log"
-  done
+  decode_ab decode_fp8 --quantization fp8 --kv-cache-dtype fp8_e4m3
 fi
 if [[ " $SECTIONS " == *" profile "* ]]; then
   (cd benchmarks/gpu && timeout ${PROFILE_TIMEOUT:-200} python3 profile_kernels.py --enable-torch-compile \
