@@ -8,10 +8,20 @@ where ``constant`` is the value a value-less alias implies (``--enforce-eager`` 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any
 
-from infer.core.config.flags_data import FLAGS
+
+def load_flag_table() -> list[dict[str, Any]]:
+    """The server-flag table shipped as package data (``flags.json``, written by
+    ``docs/tools/gen_flags.py`` from the SGLang seed pages): one record per flag, in section order."""
+    text = resources.files(__package__).joinpath("flags.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+FLAGS: list[dict[str, Any]] = load_flag_table()
 
 
 class ConfigError(ValueError):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from infer.core.config import FLAG_SPECS, SECTION_MODELS, ServerArgs
+from infer.core.config.flags import load_flag_table
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared"
@@ -41,14 +42,31 @@ def test_every_inventory_flag_is_a_setting_with_its_section_and_aliases():
     assert FLAG_SPECS["log_requests_level"].default == 2
 
 
-@needs_shared
-def test_committed_table_is_what_the_generator_makes_from_the_seeds():
-    spec = importlib.util.spec_from_file_location("gen_flags", ROOT / "core" / "config" / "gen_flags.py")
+def _generator():
+    spec = importlib.util.spec_from_file_location("gen_flags", ROOT / "docs" / "tools" / "gen_flags.py")
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
-    from infer.core.config.flags_data import FLAGS
+    return gen
 
-    assert gen.build(SHARED) == FLAGS
+
+@needs_shared
+def test_committed_table_is_what_the_generator_makes_from_the_seeds():
+    gen = _generator()
+    table = gen.build(SHARED)
+    committed = ROOT / "core" / "config" / "flags.json"
+    assert committed.read_text(encoding="utf-8") == gen.render(table)
+    assert load_flag_table() == table
+
+
+def test_flag_table_is_package_data_and_its_generator_is_not_installed():
+    # The table ships as JSON read at import; the generator (which reads ../shared) stays a
+    # development tool under docs/tools, outside the installed package.
+    assert importlib.util.find_spec("infer.core.config.gen_flags") is None
+    assert importlib.util.find_spec("infer.core.config.flags_data") is None
+    assert not list((ROOT / "core").rglob("gen_*.py"))
+    rows = load_flag_table()
+    assert len(rows) == len(FLAG_SPECS) == 338
+    assert {r["dest"] for r in rows} == set(FLAG_SPECS)
 
 
 def test_dest_names_types_defaults_and_choices_follow_sglang():
