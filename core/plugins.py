@@ -1,7 +1,12 @@
 """The plugin manager: entry-point discovery, registries, and platform selection.
 
-Nothing is swallowed: a plugin that fails to import, declares another API major version, or whose
-probe raises is recorded in ``PluginHost.failures`` with the reason, for ``infer doctor``.
+Every hook is called the one way pluggy offers, ``pm.hook.<name>(register=...)``, restricted to
+one plugin at a time (``subset_hook_caller``) so that a raise is charged to the plugin that raised
+and the others still load; only functions marked ``@hookimpl`` are hooks.
+
+Nothing is swallowed: a plugin that fails to import, declares another API major version, defines
+a ``register_*`` function without ``@hookimpl`` or a ``@hookimpl`` that names no hook, or whose
+hook or probe raises is recorded in ``PluginHost.failures`` with the reason, for ``infer doctor``.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from infer.core.platform import Platform, ProbeResult
 from infer.core.support import SupportMatrix, load_data_file
 
 ENTRY_POINT_GROUP = "infer.plugins"
+HOOK_NAMES: tuple[str, ...] = tuple(n for n in vars(hookspecs) if n.startswith("register_"))
 
 
 class PlatformSelectionError(Exception):
@@ -142,14 +148,34 @@ class PluginHost:
         if not rec.loaded:
             self.failures.append(rec)
 
-    def _call(self, hook: Callable[..., Any], plugin: str, **kwargs: Any) -> None:
+    def _call_hook(self, hook_name: str, plugin: str, **kwargs: Any) -> None:
+        """``pm.hook.<hook_name>(**kwargs)`` with only ``plugin``'s implementations; a raise is
+        recorded against ``plugin`` (with the hook's name and a short traceback)."""
+        others = [obj for name, obj in self.pm.list_name_plugin() if name != plugin and obj is not None]
+        caller = self.pm.subset_hook_caller(hook_name, remove_plugins=others)
         try:
-            hook(**kwargs)
+            caller(**kwargs)
         except Exception as exc:
             self.failures.append(PluginRecord(
                 name=plugin, module=plugin,
-                error=f"{hook.__name__} failed: {type(exc).__name__}: {exc}\n"
+                error=f"{hook_name} failed: {type(exc).__name__}: {exc}\n"
                       f"{traceback.format_exc(limit=3)}"))
+
+    def _check_marks(self, module: Any, plugin: str) -> None:
+        """Record hook-like functions pluggy will not call: a ``register_*`` hook name defined
+        without ``@hookimpl``, and a ``@hookimpl`` whose name matches no hook specification."""
+        problems = []
+        for attr in HOOK_NAMES:
+            fn = getattr(module, attr, None)
+            if callable(fn) and self.pm.parse_hookimpl_opts(module, attr) is None:
+                problems.append(f"{attr} is not marked @hookimpl (from infer.core.hookspecs), so it "
+                                f"is not called")
+        for caller in self.pm.get_hookcallers(module) or []:
+            if not caller.has_spec():
+                problems.append(f"@hookimpl {caller.name} matches no hook of infer.core.hookspecs "
+                                f"(known: {', '.join(HOOK_NAMES)})")
+        if problems:
+            self.failures.append(PluginRecord(name=plugin, module=plugin, error="; ".join(problems)))
 
     def _collect(self, module: Any, plugin: str) -> None:
         """Run this plugin's register_* hooks (start-up only) into the registries."""
@@ -178,10 +204,9 @@ class PluginHost:
             "register_layer_ops": add(reg.layer_ops),
             "register_models": add_model,
         }
+        self._check_marks(module, plugin)
         for hook_name, register in hooks.items():
-            impl = getattr(module, hook_name, None)
-            if impl is not None:
-                self._call(impl, plugin, register=register)
+            self._call_hook(hook_name, plugin, register=register)
         self._matrix = None
 
     # -- support matrix ----------------------------------------------------------------------
@@ -197,8 +222,8 @@ class PluginHost:
                 else:
                     matrix.add(platform_or_path, entries, generations)
 
-            for impl in self.pm.hook.register_support_matrix.get_hookimpls():
-                self._call(impl.function, impl.plugin_name, register=register)
+            for plugin, _ in self.pm.list_name_plugin():  # in load order: later rows override
+                self._call_hook("register_support_matrix", plugin, register=register)
             self._matrix = matrix
         return self._matrix
 
