@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from infer.core.engine.forward_batch import ForwardBatch
+from infer.core.ops.forward_batch import ForwardBatch
 from infer.core.engine.request import Request
 from infer.core.engine.scheduler import ScheduleBatch
 from infer.core.ops.attention import AttentionConfig, AttentionMetadata, KVCache

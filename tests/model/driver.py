@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 
 import torch
-from infer.core.engine.forward_batch import ForwardBatch
+from infer.core.ops.forward_batch import ForwardBatch
 from infer.core.ops.attention import AttentionMetadata, KVCache
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from infer.core.engine.forward_batch import ForwardBatch
+from infer.core.ops.forward_batch import ForwardBatch
 from infer.core.model.layers.linear import QKVParallelLinear, RowParallelLinear
 from infer.core.model.layers.norm import RMSNorm
 from infer.core.model.layers.rotary import RotaryEmbedding

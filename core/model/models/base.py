@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from infer.core.engine.forward_batch import ForwardBatch
+from infer.core.ops.forward_batch import ForwardBatch
 from infer.core.model.arch import config_context_length, rope_parameters
 from infer.core.model.layers.embedding import LMHead, VocabEmbedding
 from infer.core.model.layers.linear import LinearBase

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from infer.core.engine.forward_batch import ForwardBatch
+from infer.core.ops.forward_batch import ForwardBatch
 from infer.core.model.layers.attention import DecoderAttention
 from infer.core.model.layers.mlp import GatedMLP
 from infer.core.model.layers.norm import RMSNorm

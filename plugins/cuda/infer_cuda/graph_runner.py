@@ -50,7 +50,7 @@ from typing import Any
 import torch
 from infer.core.config.flags import ConfigError
 from infer.core.config.validate import check_piecewise_tokens
-from infer.core.engine.forward_batch import ForwardBatch
+from infer.core.ops.forward_batch import ForwardBatch
 from infer.core.ops.attention import AttentionMetadata
 from infer.core.ops.graph import GraphRunner
 

@@ -89,7 +89,7 @@ def teacher_forced_logits(loaded: Any, tokens: list[int], prefill_len: int) -> t
     given tokens, not sampled ones). Returns float32 logits [len(tokens), V] on the CPU: row i
     predicts token i + 1 from tokens[:i + 1]; rows from prefill_len on come from decode steps
     that read every earlier token's k/v back from the cache."""
-    from infer.core.engine.forward_batch import ForwardBatch
+    from infer.core.ops.forward_batch import ForwardBatch
     from infer.core.ops.attention import AttentionMetadata, KVCache
 
     arch, dev, n = loaded.arch, loaded.ctx.device, len(tokens)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from infer.core.config.flags import FLAG_SPECS, ConfigError
-from infer.core.engine.forward_batch import ForwardBatch
+from infer.core.ops.forward_batch import ForwardBatch
 from infer.core.ops.attention import AttentionMetadata, KVCache
 from infer_cuda.graph_runner import (
     DEFAULT_PIECEWISE_MAX_TOKENS,
