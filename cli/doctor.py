@@ -33,23 +33,45 @@ PACKAGES: dict[str, tuple[tuple[str, ...], str]] = {
     "flashinfer": (("flashinfer-python", "flashinfer"), "flashinfer"),
     "torch_npu": (("torch-npu", "torch_npu"), "torch_npu"),
     "habana_frameworks": (("habana-torch-plugin", "habana_frameworks"), "habana_frameworks"),
-    "aiter": (("amd-aiter", "aiter"), "aiter"),
+    "aiter": (("amd-aiter",), "aiter"),
 }
+# Import names that unrelated PyPI projects share: the file inside the package that only the one
+# meant has. (PyPI's "aiter" is an async-iterator library; AMD's aiter, distribution "amd-aiter" or
+# a source build named "aiter", carries its kernel JIT in aiter/jit/core.py.)
+MARKERS: dict[str, str] = {"aiter": "jit/core.py"}
 NOT_INSTALLED = "not installed"
 DEFAULT_MARKDOWN = Path("docs/support-matrix.md")
 
 
+def _package_dir(module: str) -> Path | None:
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    return Path(spec.origin).parent if spec.origin else None
+
+
 def package_version(dists: tuple[str, ...], module: str) -> str:
-    """The installed version, or "not installed"; never imports the package."""
+    """The installed version, or "not installed"; never imports the package. Where another
+    project shares the import name (``MARKERS``), the module must hold the marker file."""
+    marker = MARKERS.get(module)
+    if marker is not None:
+        where = _package_dir(module)
+        if where is None:
+            return NOT_INSTALLED
+        if not (where / marker).is_file():
+            return f"{NOT_INSTALLED} (the '{module}' module at {where} is another project)"
+        dists = (*dists, module)  # a source build keeps the import name as distribution name
     for dist in dists:
         try:
             return metadata.version(dist)
         except metadata.PackageNotFoundError:
             continue
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        found = False
+    found = marker is not None or _package_dir(module) is not None
     return "installed (version unknown)" if found else NOT_INSTALLED
 
 

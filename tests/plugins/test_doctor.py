@@ -128,3 +128,29 @@ def test_doctor_imports_no_vendor_library():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def _fake_package(root, dist: str, module: str, files: dict[str, str]) -> None:
+    """An installed distribution ``dist`` 0.1 providing the package ``module`` with ``files``."""
+    pkg = root / module
+    for rel, text in {"__init__.py": "", **files}.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    info = root / f"{dist.replace('-', '_')}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+
+
+def test_pypi_aiter_is_not_taken_for_amds(tmp_path, monkeypatch):
+    # PyPI's "aiter" (async iterators) installs a module "aiter" too; only AMD's has aiter/jit/core.py
+    _fake_package(tmp_path, "aiter", "aiter", {"async_tools.py": ""})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    version = doc.package_version(*doc.PACKAGES["aiter"])
+    assert version.startswith("not installed") and "another project" in version
+
+
+@pytest.mark.parametrize("dist", ["amd-aiter", "aiter"])  # the wheel's name, or a source build's
+def test_amds_aiter_is_recognised_by_its_contents(tmp_path, monkeypatch, dist):
+    _fake_package(tmp_path, dist, "aiter", {"jit/__init__.py": "", "jit/core.py": ""})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert doc.package_version(*doc.PACKAGES["aiter"]) == "0.1"
