@@ -101,6 +101,33 @@ def check_cross_flags(a: Any) -> None:
         _check_buckets(n(dest), getattr(a, dest))
 
 
+def check_parallel_split(tp_size: int, ep_size: int, *, num_heads: int, num_kv_heads: int,
+                         intermediate_size: int = 0, num_experts: int = 0,
+                         moe_intermediate_size: int = 0) -> None:
+    """--tp-size / --ep-size against a model's shapes (read from its config, before any weight
+    loads): query heads, KV heads (or replicated: tp a multiple of them), dense and expert
+    intermediate sizes, experts. See ``infer.core.model.layers.shard`` for the split."""
+    tp, ep = tp_size, ep_size
+    if num_heads % tp:
+        _fail(f"--tp-size {tp} does not divide the model's {num_heads} attention heads; use a "
+              f"tensor-parallel size that divides {num_heads}")
+    if (num_kv_heads % tp) if tp <= num_kv_heads else (tp % num_kv_heads):
+        _fail(f"--tp-size {tp} and the model's {num_kv_heads} KV heads: the tensor-parallel size "
+              f"must divide the KV heads or be a multiple of them")
+    if intermediate_size and intermediate_size % tp:
+        _fail(f"--tp-size {tp} does not divide the model's intermediate size {intermediate_size}")
+    if ep > 1 and not num_experts:
+        _fail(f"--ep-size {ep}: the model has no experts (expert parallelism needs a MoE model)")
+    if tp % ep:
+        _fail(f"--ep-size {ep} must divide --tp-size {tp} (experts are split inside the "
+              f"tensor-parallel ranks)")
+    if num_experts and num_experts % ep:
+        _fail(f"--ep-size {ep} does not divide the model's {num_experts} experts")
+    if num_experts and moe_intermediate_size % (tp // ep):
+        _fail(f"--tp-size {tp} / --ep-size {ep} splits each expert {tp // ep} ways, which does "
+              f"not divide the expert intermediate size {moe_intermediate_size}")
+
+
 def _check_buckets(name: str, rule: list[str] | None) -> None:
     if not rule:
         return
