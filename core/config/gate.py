@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infer.core.config.flags import FLAG_SPECS, OPEN_CHOICES, ConfigError, FlagSpec
-from infer.core.config.server_args import ServerArgs
+from infer.core.config.server_args import PLATFORM, ServerArgs
 from infer.core.platform import Platform, SettingAdjustment
 from infer.core.support import Entry, Status
 
@@ -133,7 +133,10 @@ def check_flags(args: ServerArgs, platform: Platform, host: Any = None) -> list[
 
 
 def apply_platform_defaults(args: ServerArgs, platform: Platform) -> list[SettingAdjustment]:
-    """Apply ``platform.default_adjustments(args)`` to unset settings only, logging each change."""
+    """Apply ``platform.default_adjustments(args)`` to unset settings only, logging each change.
+
+    Idempotent: a default already applied to these settings (they travel, provenance included, to
+    the engine process, which gates them again) is neither applied nor logged a second time."""
     applied = []
     for adj in platform.default_adjustments(args) or []:
         if adj.name not in FLAG_SPECS:
@@ -143,6 +146,8 @@ def apply_platform_defaults(args: ServerArgs, platform: Platform) -> list[Settin
                      adj.name, getattr(args, adj.name), platform.name, adj.value)
             continue
         old = getattr(args, adj.name)
+        if args.provenance[adj.name] == PLATFORM and old == adj.value:
+            continue  # applied (and logged) by an earlier gate run: the CLI's, before the engine's
         args.set_platform_default(adj.name, adj.value, adj.reason)
         log.info("platform default: %s %r -> %r (%s)", FLAG_SPECS[adj.name].flag, old, adj.value,
                  adj.reason or platform.name)

@@ -105,3 +105,20 @@ def test_real_cpu_platform_refuses_fa3():
         run_gate(ServerArgs(model_path="x", attention_backend="fa3"), platform, host)
     msg = str(err.value)
     assert "--attention-backend fa3" in msg and "device cpu" in msg and platform.generation in msg
+
+
+def test_platform_defaults_are_applied_and_logged_once_across_processes(caplog):
+    # `infer serve` gates in the CLI, then the engine process gates the (pickled) settings again
+    import logging
+    import pickle
+
+    platform, host = _setup(ROWS)
+    args = ServerArgs(page_size=16)
+    with caplog.at_level(logging.INFO, logger="infer.config"):
+        first = run_gate(args, platform, host)
+        again = pickle.loads(pickle.dumps(args))
+        second = run_gate(again, platform, host)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("platform default")]
+    assert len(lines) == 1 and "--max-running-requests" in lines[0]
+    assert [a.name for a in first.adjustments] == ["max_running_requests"] and second.adjustments == []
+    assert again.max_running_requests == 4 and again.provenance["max_running_requests"] == "platform default"
