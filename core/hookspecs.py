@@ -7,6 +7,11 @@ platform factories, backend classes) that the hot loop then calls directly. Each
 hook receives a ``register`` callback; call it once per thing contributed. Hooks are called with
 keyword arguments, and an implementation may accept any subset of them (pluggy's rule).
 
+Where a ``register`` callback takes ``platforms`` (a name or a list of names), leaving it out
+registers the contribution for every platform; a contribution registered for a platform by name
+wins there over one registered for every platform. The core registers its plain-torch reference
+ops that way (``infer.core.ops.reference``), so any platform can run them.
+
 The factories of attention backends, linear methods, MoE runners, communicators and graph runners
 (and a layer op's ``fn``) may be given as ``"module:attr"`` strings: they are imported only when
 picked (``infer.core.plugins.load_target``), which keeps registration free of heavy imports.
@@ -84,7 +89,10 @@ def register_communicators(register):  # noqa: ANN001, ANN201
 def register_graph_runners(register):  # noqa: ANN001, ANN201
     """Contribute decode graph-capture implementations (CUDA graphs, ACL graphs, HPU graphs).
 
-    ``register(name, factory, platforms)``: ``factory(model_runner, server_args) -> GraphRunner``.
+    ``register(name, factory, platforms)``: ``factory(model_runner, graph_config) -> GraphRunner``,
+    where ``graph_config`` is the ``infer.core.config.views.GraphConfig`` view of the settings
+    (``disable``, ``batch_sizes``, ``max_bs``, ``disable_padding``, piecewise and torch.compile
+    settings) and ``model_runner`` offers what ``infer.core.engine.model_runner`` documents.
     """
 
 

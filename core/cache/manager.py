@@ -4,9 +4,9 @@ A *holder* is any object with the Request fields ``pages``, ``num_prefix_pages``
 ``cache_handle``, ``num_computed`` and ``all_ids`` (see infer.core.engine.request). The manager
 mutates only those fields, the pool and the cache. Invariant after every call:
 ``holder.pages[:num_prefix_pages]`` are cache pages locked through ``cache_handle``; the rest of
-``holder.pages`` are private to the holder. Every change to ``holder.pages`` lowers
-``holder.pages_dirty`` to the first changed index, so a consumer holding a copy of the page list
-(the model runner's block-table rows) refreshes only what changed.
+``holder.pages`` are private to the holder. The manager remembers, per holder, the first index of
+``holder.pages`` changed since ``take_changed(holder)`` was last called, so a consumer holding a
+copy of the page list (the model runner's block-table rows) refreshes only what changed.
 """
 
 from __future__ import annotations
@@ -23,6 +23,19 @@ class KVManager:
         self.pool = pool
         self.cache = cache
         self.page_size = pool.page_size
+        self._synced: dict[int, int] = {}  # id(holder) -> leading pages unchanged since take_changed
+
+    def _changed(self, holder: Any, index: int) -> None:
+        key = id(holder)
+        if key in self._synced:
+            self._synced[key] = min(self._synced[key], index)
+
+    def take_changed(self, holder: Any) -> int:
+        """First index of ``holder.pages`` changed since the last call (0 the first time); from
+        now on the consumer is taken to hold the current list."""
+        lo = self._synced.get(id(holder), 0)
+        self._synced[id(holder)] = len(holder.pages)
+        return min(lo, len(holder.pages))
 
     # -- capacity --------------------------------------------------------------------------
     @property
@@ -51,7 +64,7 @@ class KVManager:
         m = self.cache.match_prefix(ids[:n])
         self.cache.lock(m.handle)
         holder.pages = list(m.pages)
-        holder.pages_dirty = 0
+        self._synced.pop(id(holder), None)
         holder.num_prefix_pages = len(m.pages)
         holder.cache_handle = m.handle
         holder.num_computed = len(m.pages) * self.page_size
@@ -68,7 +81,7 @@ class KVManager:
         got = self.pool.alloc(need)
         if got is None:
             return False
-        holder.pages_dirty = min(holder.pages_dirty, len(holder.pages))
+        self._changed(holder, len(holder.pages))
         holder.pages.extend(got)
         return True
 
@@ -87,7 +100,7 @@ class KVManager:
         self.cache.lock(m.handle)
         self.cache.unlock(holder.cache_handle)
         holder.pages[:n_pages] = m.pages
-        holder.pages_dirty = min(holder.pages_dirty, k)
+        self._changed(holder, k)
         holder.num_prefix_pages = n_pages
         holder.cache_handle = m.handle
 
@@ -103,9 +116,25 @@ class KVManager:
         self.pool.free(holder.pages[holder.num_prefix_pages:])
         self.cache.unlock(holder.cache_handle)
         holder.pages = []
-        holder.pages_dirty = 0
+        self._synced.pop(id(holder), None)
         holder.num_prefix_pages = 0
         holder.cache_handle = None
+
+    def truncate(self, holder: Any, num_tokens: int) -> None:
+        """Roll back a running holder's tail to its first ``num_tokens`` tokens (rejected draft
+        tokens of speculative decoding): ``num_computed`` drops to at most ``num_tokens`` and the
+        private pages past the last one still needed go back to the pool. The cached prefix is
+        never rolled back: ``num_tokens`` below it is a ValueError."""
+        ps = self.page_size
+        if num_tokens < holder.num_prefix_pages * ps:
+            raise ValueError(f"truncate: {num_tokens} tokens would cut into the "
+                             f"{holder.num_prefix_pages * ps}-token cached prefix")
+        keep = max(-(-num_tokens // ps), holder.num_prefix_pages)
+        if keep < len(holder.pages):
+            self.pool.free(holder.pages[keep:])
+            del holder.pages[keep:]
+            self._changed(holder, keep)
+        holder.num_computed = min(holder.num_computed, num_tokens)
 
     def flush(self) -> None:
         self.cache.reset()

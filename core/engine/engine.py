@@ -95,7 +95,7 @@ class Engine:
         self.server_args = server_args
         self.core = EngineCore(server_args)
         self.tokenizer = self.core.tokenizer
-        self.stream_output = bool(getattr(server_args, "stream_output", False))
+        self.stream_output = bool(server_args.stream_output)
         self._lock = threading.Lock()
         self._tracks: dict[str, _Track] = {}
         self._counter = itertools.count()
@@ -155,7 +155,7 @@ class Engine:
                 logprob_start_len=(-1 if not want else (starts[i] if starts[i] is not None else -1)))
             added = self.core.add_request(req)
             for r in added:
-                self._tracks[r] = _Track(self.tokenizer, self.core._reqs[r])
+                self._tracks[r] = _Track(self.tokenizer, self.core.table.reqs[r])
             groups.append(added)
 
     def _pump(self) -> None:
@@ -283,7 +283,7 @@ class Engine:
 
     def shutdown(self) -> None:
         with self._lock:
-            for rid in list(self.core._reqs):
+            for rid in list(self.core.table.reqs):
                 self.core.abort(rid)
             while self.core.has_work():
                 self.core.step()

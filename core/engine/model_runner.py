@@ -5,8 +5,9 @@ Per step: ``run(batch)`` builds a ForwardBatch from the scheduler's plain Schedu
 covers), samples every row that needs a token in one vectorised pass, and copies the sampled ids
 (and logprobs when asked) to the host once.
 
-Graph-runner contract (a platform plugin registers ``factory(model_runner, server_args)`` under
-``platform.default_graph_runner`` in ``register_graph_runners``):
+Graph-runner contract (a platform plugin registers ``factory(model_runner, graph_config)`` under
+``platform.default_graph_runner`` in ``register_graph_runners``; ``graph_config`` is the
+``infer.core.config.views.GraphConfig`` view):
   - At start-up the runner calls ``capture()``; it may use ``model_runner.model``,
     ``.attn_backend``, ``.kv_cache``, ``.device``, ``.arch``, ``.page_size``,
     ``.max_pages_per_seq`` and ``.build_forward_batch(DecodeInputs)`` to make ForwardBatch
@@ -18,6 +19,10 @@ Graph-runner contract (a platform plugin registers ``factory(model_runner, serve
     copies ``fwd.input_ids``, ``fwd.positions`` and ``fwd.attn`` tensors into its static
     buffers (padding rows: seq_len 1, block table row of zeros, slot 0), plans in place,
     replays, and returns the logits of the real rows.
+
+Several tokens per request per step: a ScheduledSeq with ``num_sample`` k has its last k logit
+rows sampled; its tokens come back together, in order, in ``StepResult.sampled``. Every step of
+today's engine samples k <= 1; speculative verification is what needs k > 1.
 """
 
 from __future__ import annotations
@@ -28,10 +33,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from infer.core.ops.forward_batch import ForwardBatch
+from infer.core.config.views import EngineConfig
 from infer.core.engine.request import Request
 from infer.core.engine.scheduler import ScheduleBatch
-from infer.core.ops.attention import AttentionConfig, AttentionMetadata, KVCache
+from infer.core.ops.attention import AttentionMetadata, KVCache
+from infer.core.ops.forward_batch import ForwardBatch
 from infer.core.sampling.sampler import SamplingTensors, prompt_logprobs, sample
 
 log = logging.getLogger(__name__)
@@ -55,7 +61,7 @@ class LaunchedStep:
     i for ``reqs[i]``, so that the next step's inputs can use them before the host sees them."""
 
     batch: ScheduleBatch
-    reqs: list[Request]  # sampled requests, in row order
+    reqs: list[Request]  # the request of each sampled row, in row order (k rows for k tokens)
     result: StepResult
     deferred: bool = False
     host: torch.Tensor | None = None  # ids (int64 [B]) or ids+logprobs (float64 [B, C])
@@ -67,60 +73,55 @@ class LaunchedStep:
 class StepResult:
     """Host-side results of one step, per sampled sequence in batch order."""
 
-    sampled: list[tuple[Request, int]] = field(default_factory=list)  # (req, token id)
-    logprobs: dict[str, float] = field(default_factory=dict)  # rid -> logprob of its token
-    top_logprobs: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    sampled: list[tuple[Request, list[int]]] = field(default_factory=list)  # (req, its new token ids)
+    logprobs: dict[str, list[float]] = field(default_factory=dict)  # rid -> logprob of each token
+    top_logprobs: dict[str, list[list[tuple[int, float]]]] = field(default_factory=dict)
     # rid -> [(position, logprob of the prompt token at position, top list)]
     prompt_logprobs: dict[str, list[tuple[int, float, list[tuple[int, float]]]]] = \
         field(default_factory=dict)
 
 
 class ModelRunner:
-    def __init__(self, loaded: Any, server_args: Any, num_pages: int, page_size: int,
-                 platform: Any, grammar: Any = None) -> None:
+    def __init__(self, loaded: Any, cfg: EngineConfig, num_pages: int, platform: Any,
+                 grammar: Any = None) -> None:
         self.loaded = loaded
         self.model = loaded.model
         self.arch = loaded.arch
         self.platform = platform
         self.device = torch.device(platform.torch_device)
-        self.page_size = page_size
+        self.page_size = page_size = cfg.cache.page_size
         self.num_pages = num_pages
         self.vocab_size = self.arch.vocab_size
         self.context_length = self.arch.context_length
         self.max_pages_per_seq = -(-self.context_length // page_size) + 1
         self.grammar = grammar
-        shape = (num_pages, page_size, self.arch.num_kv_heads, self.arch.head_dim)
+        self.attn_backend = loaded.ctx.attn_backend  # built by the loader, with the model
+        if self.attn_backend is None:
+            raise ValueError("the loaded model has no attention backend (load it with load_model)")
+        # this rank's KV heads (all of them on one rank; a shard under tensor parallelism)
+        kv_heads = self.attn_backend.config.num_kv_heads
+        shape = (num_pages, page_size, kv_heads, self.arch.head_dim)
         self.kv_cache = KVCache(
             k=[torch.zeros(shape, dtype=self.arch.kv_dtype, device=self.device)
                for _ in range(self.arch.num_layers)],
             v=[torch.zeros(shape, dtype=self.arch.kv_dtype, device=self.device)
                for _ in range(self.arch.num_layers)])
-        ctx = loaded.ctx
-        if getattr(ctx, "attn_backend", None) is None:
-            tp = getattr(ctx, "tp_size", 1) or 1
-            ctx.create_attention_backend(AttentionConfig(
-                num_heads=self.arch.num_heads // tp, num_kv_heads=max(1, self.arch.num_kv_heads // tp),
-                head_dim=self.arch.head_dim, scale=self.arch.head_dim ** -0.5, page_size=page_size,
-                dtype=self.arch.dtype, kv_dtype=self.arch.kv_dtype, device=self.device,
-                num_layers=self.arch.num_layers,
-                max_batch_size=getattr(server_args, "max_running_requests", None) or 256,
-                max_context_len=self.context_length))
-        self.attn_backend = ctx.attn_backend
         # overlap scheduling: row i holds the id sampled for row i of the last deferred step
         self._future = torch.zeros(0, dtype=torch.int64, device=self.device)
-        self.graph_runner = self._make_graph_runner(server_args)
+        self._tables: dict[str, np.ndarray] = {}  # rid -> host copy of its page list
+        self.graph_runner = self._make_graph_runner(cfg.graph)
 
     # -- graph runner --------------------------------------------------------------------------
-    def _make_graph_runner(self, server_args: Any) -> Any:
-        name = getattr(self.platform, "default_graph_runner", None)
-        if not name or getattr(server_args, "disable_cuda_graph", False):
+    def _make_graph_runner(self, graph: Any) -> Any:
+        name = self.platform.default_graph_runner
+        if not name or graph.disable:
             return None
         from infer.core.plugins import Registries, get_plugin_host
 
         factory = Registries.pick(get_plugin_host().registries.graph_runners, name, self.platform.name)
         if factory is None:
             return None
-        runner = factory(self, server_args)
+        runner = factory(self, graph)
         runner.capture()
         log.info("graph runner %s captured", name)
         return runner
@@ -174,7 +175,7 @@ class ModelRunner:
 
     def prepare(self, batch: ScheduleBatch) -> tuple[ForwardBatch, list[tuple[Request, int, int]]]:
         """ForwardBatch for a scheduled batch plus, per sequence, (req, first logit row,
-        number of logit rows); the last logit row of a sampled sequence is its sampling row."""
+        number of logit rows); the last ``num_sample`` logit rows of a sequence are sampled."""
         ps = self.page_size
         ids, pos, extend, seq_lens, slots, rows, spans = [], [], [], [], [], [], []
         n_pages = [-(-(s.req.num_computed + s.extend_len) // ps) for s in batch.seqs]
@@ -189,34 +190,39 @@ class ModelRunner:
             pos.extend(range(nc, nc + e))
             extend.append(e)
             seq_lens.append(nc + e)
-            tables[i, :n_pages[i]] = self._page_row(r)[:n_pages[i]]
+            tables[i, :n_pages[i]] = self._page_row(r, s.pages_from)[:n_pages[i]]
             pages = r.pages
             slots.extend(pages[p // ps] * ps + p % ps for p in range(nc, nc + e))
             first = len(rows)
+            k = s.num_sample
             if r.wants_prompt_logprobs:  # rows for positions lo .. nc+e-1
                 lo = max(nc, r.logprob_start_len)
-                if s.sample:
-                    lo = min(lo, nc + e - 1)
+                if k:
+                    lo = min(lo, nc + e - k)
                 rows.extend(range(t + lo - nc, t + e))
-            elif s.sample:
-                rows.append(t + e - 1)
+            elif k:
+                rows.extend(range(t + e - k, t + e))
             spans.append((r, first, len(rows) - first))
             t += e
         if not rows:
             rows = [t - 1]  # the model needs at least one row; its logits are unused
         return self._forward_batch(ids, pos, extend, seq_lens, tables, slots, rows), spans
 
-    def _page_row(self, r: Request) -> np.ndarray:
-        """The request's page list as a numpy row, refreshed only from ``pages_dirty`` on."""
-        row = r.page_table
+    def _page_row(self, r: Request, changed_from: int) -> np.ndarray:
+        """The request's page list as a numpy row, refreshed only from ``changed_from`` on (the
+        KV manager's mark: earlier entries are as this runner last copied them)."""
+        row = self._tables.get(r.rid)
         if row is None or len(row) < len(r.pages):
-            row = r.page_table = np.zeros(max(self.max_pages_per_seq, len(r.pages)), dtype=np.int64)
-            r.pages_dirty = 0
-        if r.pages_dirty < len(r.pages):
-            row[r.pages_dirty:len(r.pages)] = r.pages[r.pages_dirty:]
-        r.pages_dirty = len(r.pages)
+            row = self._tables[r.rid] = np.zeros(max(self.max_pages_per_seq, len(r.pages)),
+                                                 dtype=np.int64)
+            changed_from = 0
+        if changed_from < len(r.pages):
+            row[changed_from:len(r.pages)] = r.pages[changed_from:]
         return row
 
+    def forget(self, rid: str) -> None:
+        """A request ended: drop this runner's copy of its page list."""
+        self._tables.pop(rid, None)
 
     # -- running -------------------------------------------------------------------------------
     def run(self, batch: ScheduleBatch) -> StepResult:
@@ -238,9 +244,9 @@ class ModelRunner:
         step = LaunchedStep(batch, [], StepResult(), deferred=defer)
         sample_rows = []
         for s, (req, first, n) in zip(batch.seqs, spans, strict=True):
-            if s.sample:
-                sample_rows.append(first + n - 1)
-                step.reqs.append(req)
+            k = s.num_sample
+            sample_rows.extend(range(first + n - k, first + n))
+            step.reqs.extend([req] * k)
         if step.reqs:
             if sample_rows != list(range(logits.shape[0])):  # else: already one row per sample
                 logits_s = logits.index_select(
@@ -266,19 +272,23 @@ class ModelRunner:
         if step.wait is not None:
             step.wait()
         reqs = step.reqs
+        rows = step.host.tolist()  # ids, or ids, logprobs and top-k columns (ids < 2**53 in float64)
+        ids = rows if step.host.dim() == 1 else [int(row[0]) for row in rows]
+        for i, r in enumerate(reqs):  # a request's k rows are consecutive
+            if i and reqs[i - 1] is r:
+                res.sampled[-1][1].append(ids[i])
+            else:
+                res.sampled.append((r, [ids[i]]))
         if step.host.dim() == 1:
-            res.sampled = list(zip(reqs, step.host.tolist(), strict=True))
             return res
-        rows = step.host.tolist()  # ids, logprobs and top-k columns (ids < 2**53 in float64)
         k = step.top_k
-        res.sampled = [(r, int(row[0])) for r, row in zip(reqs, rows, strict=True)]
         for r, row in zip(reqs, rows, strict=True):
             if r.return_logprob:
-                res.logprobs[r.rid] = row[1]
+                res.logprobs.setdefault(r.rid, []).append(row[1])
                 if k and r.top_logprobs_num > 0:
                     n = r.top_logprobs_num
-                    res.top_logprobs[r.rid] = [(int(a), b) for a, b in zip(
-                        row[2:2 + n], row[2 + k:2 + k + n], strict=True)]
+                    res.top_logprobs.setdefault(r.rid, []).append([(int(a), b) for a, b in zip(
+                        row[2:2 + n], row[2 + k:2 + k + n], strict=True)])
         return res
 
     def _sample(self, logits: torch.Tensor, step: LaunchedStep) -> tuple[torch.Tensor, torch.Tensor]:
@@ -303,7 +313,7 @@ class ModelRunner:
             if not req.wants_prompt_logprobs or n == 0:
                 continue
             lo = max(req.num_computed, req.logprob_start_len)
-            n_rows = n - (1 if s.sample else 0)  # rows whose next token is a known prompt token
+            n_rows = n - s.num_sample  # rows whose next token is a known prompt token
             if n_rows <= 0:
                 continue
             all_ids = req.all_ids

@@ -56,8 +56,6 @@ class Request:
     num_computed: int = 0
     pages: list[int] = field(default_factory=list)
     num_prefix_pages: int = 0
-    pages_dirty: int = 0  # pages[pages_dirty:] changed since the model runner last copied them
-    page_table: Any = None  # the model runner's host copy of ``pages`` (numpy int32)
     cache_handle: Any = None
     cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     finish_reason: dict[str, Any] | None = None

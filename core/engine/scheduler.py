@@ -17,9 +17,9 @@ from __future__ import annotations
 import random
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 from infer.core.cache.manager import KVManager
+from infer.core.config.views import SchedulerConfig
 from infer.core.engine.request import QueueFullError, Request, RequestState
 from infer.core.engine.scheduler_policy import order_waiting, priority_key
 
@@ -29,48 +29,18 @@ NEW_TOKEN_RATIO_DECAY = 0.001
 
 
 @dataclass
-class SchedulerConfig:
-    max_running_requests: int = 256
-    max_queued_requests: int | None = None
-    chunked_prefill_size: int | None = 8192  # None or <= 0: whole prompts in one step
-    max_prefill_tokens: int = 16384
-    prefill_max_requests: int | None = None
-    schedule_policy: str = "fcfs"
-    schedule_conservativeness: float = 1.0
-    enable_priority_scheduling: bool = False
-    schedule_low_priority_values_first: bool = False
-    priority_scheduling_preemption_threshold: int = 10
-    enable_mixed_chunk: bool = False
-    random_seed: int = 0
-
-    @classmethod
-    def from_server_args(cls, args: Any) -> SchedulerConfig:
-        def get(name: str, default: Any) -> Any:
-            v = getattr(args, name, None)
-            return default if v is None else v
-
-        return cls(
-            max_running_requests=get("max_running_requests", 256),
-            max_queued_requests=getattr(args, "max_queued_requests", None),
-            chunked_prefill_size=get("chunked_prefill_size", 8192),
-            max_prefill_tokens=get("max_prefill_tokens", 16384),
-            prefill_max_requests=getattr(args, "prefill_max_requests", None),
-            schedule_policy=get("schedule_policy", "fcfs"),
-            schedule_conservativeness=get("schedule_conservativeness", 1.0),
-            enable_priority_scheduling=get("enable_priority_scheduling", False),
-            schedule_low_priority_values_first=get("schedule_low_priority_values_first", False),
-            priority_scheduling_preemption_threshold=get(
-                "priority_scheduling_preemption_threshold", 10),
-            enable_mixed_chunk=get("enable_mixed_chunk", False),
-            random_seed=get("random_seed", 0),
-        )
-
-
-@dataclass
 class ScheduledSeq:
     req: Request
     extend_len: int  # computes req.all_ids[req.num_computed : req.num_computed + extend_len]
-    sample: bool  # this step reaches the end of all_ids: its last row is sampled
+    # tokens sampled from this row span's last logit rows: 0 for a prefill chunk that stops short
+    # of the end of all_ids, 1 for one that reaches it and for a decode row (speculative
+    # verification would sample several)
+    num_sample: int = 1
+    pages_from: int = 0  # req.pages[pages_from:] changed since the model runner last saw them
+
+    @property
+    def sample(self) -> bool:
+        return self.num_sample > 0
 
 
 @dataclass
@@ -142,6 +112,9 @@ class Scheduler:
             if others:
                 self.retract(others[0])
                 batch = self._schedule_once()
+        if batch is not None:
+            for s in batch.seqs:
+                s.pages_from = self.kv.take_changed(s.req)
         return batch
 
     def _schedule_once(self) -> ScheduleBatch | None:
@@ -172,8 +145,8 @@ class Scheduler:
         i = 0
         while i < len(order):
             req = order[i]
-            if self.kv.reserve(req, req.num_computed + 1):
-                rows.append(ScheduledSeq(req, 1, True))
+            if self.kv.reserve(req, req.num_computed + self.cfg.decode_tokens):
+                rows.append(ScheduledSeq(req, 1, num_sample=1))
                 i += 1
             elif i + 1 < len(order):
                 self.retract(order.pop())
@@ -290,7 +263,7 @@ class Scheduler:
                 return False
         if not self.kv.reserve(req, req.num_computed + extend):
             return False
-        batch.seqs.append(ScheduledSeq(req, extend, req.num_computed + extend == req.seq_len))
+        batch.seqs.append(ScheduledSeq(req, extend, num_sample=int(req.num_computed + extend == req.seq_len)))
         return True
 
     def _preempt_for(self, req: Request, busy: set[int]) -> bool:

@@ -148,7 +148,7 @@ def test_n_choices_abort_by_original_rid_and_rid_reuse(make_core):
     core.add_request(core.make_request("g", [5, 6, 7], {**GREEDY, "n": 2}))
     while core.has_work():
         core.step()
-    assert not core._groups and not core._parent
+    assert not core.table.groups and not core.table.parent
     with pytest.raises(ValueError, match="regex"):
         core.add_request(core.make_request("s", [5], {"stop": ["x"], "n": 2, "regex": "("}))
     assert not core.has_work()  # nothing half-queued

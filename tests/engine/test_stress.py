@@ -39,7 +39,7 @@ def test_random_traffic(make_core, reference, seed, flags):
             i = todo.pop(0)
             core.add_request(core.make_request(f"r{i}", PROMPTS[i], PARAMS, priority=rng.randrange(3)))
         if rng.random() < 0.08:
-            live = [r for r in core._reqs if r not in finished]
+            live = [r for r in core.table.reqs if r not in finished]
             if live:
                 rid = rng.choice(live)
                 assert core.abort(rid)

@@ -108,15 +108,15 @@ def test_max_min_new_tokens_stop_ids_and_ignore_eos(core):
     ids, out = gen(core, {"max_new_tokens": 8, "temperature": 0, "stop_token_ids": [stop],
                           "min_new_tokens": 6})
     assert len(ids) >= 6 and stop not in ids[:6]
-    saved = core.eos_ids
-    core.eos_ids = (stop,)
+    saved = core.admission.eos_ids
+    core.admission.eos_ids = (stop,)
     try:
         ids, out = gen(core, {"max_new_tokens": 8, "temperature": 0})
         assert ids == greedy[:3] and out.finish_reason["matched"] == stop
         ids, _ = gen(core, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
         assert ids == greedy
     finally:
-        core.eos_ids = saved
+        core.admission.eos_ids = saved
 
 
 def test_logprobs_match_transformers(core, tiny_model):

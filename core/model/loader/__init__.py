@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from infer.core.model.arch import ModelArch, config_context_length
+from infer.core.model.arch import ModelArch
 from infer.core.model.context import ModelContext
+from infer.core.model.layers.shard import check_model_split, kv_head_slice
 from infer.core.model.loader.dtype import resolve_dtype, resolve_kv_dtype
+from infer.core.model.loader.model_config import context_length_for, load_tokenizer, read_config
 from infer.core.model.loader.source import ModelSource, ModelSourceError, resolve_source
 from infer.core.model.registry import UnknownArchitectureError, resolve_model_class
 from infer.core.ops.attention import AttentionConfig
@@ -26,7 +28,7 @@ _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"
                   "presence_penalty", "frequency_penalty", "max_new_tokens")
 
 __all__ = ["LoadedModel", "ModelSourceError", "UnknownArchitectureError", "load_model",
-           "load_model_from_args"]
+           "load_model_from_args", "load_model_from_config"]
 
 
 @dataclass
@@ -72,17 +74,6 @@ def _eos_ids(gen: dict[str, Any], config: Any, tokenizer: Any) -> list[int]:
     return ids
 
 
-def _context_length(config: Any, requested: int | None) -> int:
-    length = requested or config_context_length(config)
-    window = getattr(config, "sliding_window", None)
-    if window and getattr(config, "use_sliding_window", True) and length > window:
-        if requested:
-            raise ValueError(f"--context-length {requested} exceeds the model's sliding window "
-                             f"({window}); sliding-window attention is not implemented")
-        length = window  # within the window full attention is exact
-    return length
-
-
 def load_model(model_path: str, *, platform: Any = None, host: Any = None, dtype: str = "auto",
                load_format: str = "auto", revision: str | None = None,
                quantization: str | None = None, tokenizer_path: str | None = None,
@@ -92,9 +83,12 @@ def load_model(model_path: str, *, platform: Any = None, host: Any = None, dtype
                max_batch_size: int = 256, dtype_explicit: bool = False,
                skip_tokenizer_init: bool = False, progress: bool = True,
                seed: int = 0, torchao_config: str = "", kv_cache_dtype: str = "auto",
-               quantization_param_path: str | None = None) -> LoadedModel:
+               quantization_param_path: str | None = None, tp_size: int = 1, tp_rank: int = 0,
+               ep_size: int = 1, comm_group: Any = None) -> LoadedModel:
     """Build the model for ``model_path`` on the active platform. Settings carry the SGLang
-    server-argument meanings; errors name the bad value and what to use instead."""
+    server-argument meanings; errors name the bad value and what to use instead. With
+    ``tp_size`` > 1 this builds and loads rank ``tp_rank``'s shard only (its process group
+    initialised by the caller; ``infer.core.model.layers.shard``)."""
     if host is None:
         from infer.core.plugins import get_plugin_host
 
@@ -129,12 +123,7 @@ def load_model(model_path: str, *, platform: Any = None, host: Any = None, dtype
         from infer.core.model.loader.gguf_reader import GGUFCheckpoint
 
         gguf_ckpt = GGUFCheckpoint(source.gguf_file)
-        config = gguf_ckpt.hf_config(trust_remote_code)
-    else:
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(str(source.directory),
-                                            trust_remote_code=trust_remote_code)
+    config = read_config(source, trust_remote_code)
     prequant = getattr(config, "quantization_config", None)
     if quantization is not None and not is_gguf and prequant:
         method = prequant.get("quant_method", "?") if isinstance(prequant, dict) else "?"
@@ -144,19 +133,22 @@ def load_model(model_path: str, *, platform: Any = None, host: Any = None, dtype
     architecture = _architecture(config)
     model_cls = resolve_model_class(host.registries.models, architecture)
     torch_dtype = resolve_dtype(dtype, config, is_gguf=is_gguf)
-    length = _context_length(config, context_length)
+    length = context_length_for(config, context_length)
     arch = ModelArch.from_hf_config(config, dtype=torch_dtype, context_length=length,
                                     kv_dtype=resolve_kv_dtype(kv_cache_dtype, torch_dtype))
     arch = ModelArch(**{**arch.__dict__, "architecture": architecture})
+    check_model_split(config, tp_size, ep_size)  # ConfigError before any weight is read
 
-    ctx = ModelContext.build(platform=platform, host=host, dtype=torch_dtype,
+    ctx = ModelContext.build(tp_size=tp_size, tp_rank=tp_rank, ep_size=ep_size,
+                             comm_group=comm_group,
+                             platform=platform, host=host, dtype=torch_dtype,
                              attention_backend=attention_backend,
                              moe_runner_backend=moe_runner_backend, quantization=quantization,
                              load_format=source.load_format,
                              dtype_explicit=dtype_explicit or dtype != "auto")
     ctx.context_length = length
     ctx.create_attention_backend(AttentionConfig(
-        num_heads=arch.num_heads // ctx.tp_size, num_kv_heads=arch.num_kv_heads // ctx.tp_size,
+        num_heads=arch.num_heads // ctx.tp_size, num_kv_heads=kv_head_slice(arch.num_kv_heads, tp_size, tp_rank).size,
         head_dim=arch.head_dim, scale=arch.head_dim ** -0.5, page_size=page_size,
         dtype=torch_dtype, kv_dtype=arch.kv_dtype, device=ctx.device,
         num_layers=arch.num_layers, max_batch_size=max_batch_size, max_context_len=length))
@@ -180,7 +172,7 @@ def load_model(model_path: str, *, platform: Any = None, host: Any = None, dtype
 
     tokenizer = None
     if not skip_tokenizer_init:
-        tokenizer = _load_tokenizer(source, tokenizer_path, gguf_ckpt, trust_remote_code, revision)
+        tokenizer = load_tokenizer(source, tokenizer_path, trust_remote_code, revision, arch.vocab_size)
     gen = _generation_config(source)
     template = getattr(tokenizer, "chat_template", None) or (
         gguf_ckpt.chat_template if gguf_ckpt else None)
@@ -205,39 +197,13 @@ def _check_quantization(quantization: str, is_gguf: bool) -> None:
                                   f"--quantization gguf or none)")
 
 
-def _load_tokenizer(source: ModelSource, tokenizer_path: str | None, gguf_ckpt: Any,
-                    trust_remote_code: bool, revision: str | None) -> Any:
-    from transformers import AutoTokenizer
-
-    if tokenizer_path:
-        return AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=trust_remote_code,
-                                             revision=revision)
-    if gguf_ckpt is not None:
-        return gguf_ckpt.tokenizer()
-    try:
-        return AutoTokenizer.from_pretrained(str(source.directory),
-                                             trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as exc:
-        raise ModelSourceError(f"no usable tokenizer in {source.directory} ({exc}); pass "
-                               f"--tokenizer-path or --skip-tokenizer-init") from exc
+def load_model_from_config(cfg: Any, *, platform: Any = None, host: Any = None) -> LoadedModel:
+    """``load_model`` for a ``LoadConfig`` (infer.core.config.views)."""
+    return load_model(cfg.model_path, platform=platform, host=host, **cfg.load_kwargs())
 
 
 def load_model_from_args(args: Any, *, platform: Any = None, host: Any = None) -> LoadedModel:
-    """``load_model`` reading SGLang-named fields off a ServerArgs-like object."""
-    explicit = "dtype" in (getattr(args, "model_fields_set", None) or ()) and args.dtype != "auto"
-    return load_model(
-        args.model_path, platform=platform, host=host, dtype=getattr(args, "dtype", "auto"),
-        load_format=getattr(args, "load_format", "auto"), revision=getattr(args, "revision", None),
-        quantization=getattr(args, "quantization", None),
-        tokenizer_path=getattr(args, "tokenizer_path", None),
-        context_length=getattr(args, "context_length", None),
-        model_impl=getattr(args, "model_impl", "auto"),
-        trust_remote_code=getattr(args, "trust_remote_code", False),
-        attention_backend=getattr(args, "attention_backend", None),
-        moe_runner_backend=getattr(args, "moe_runner_backend", "auto"),
-        page_size=getattr(args, "page_size", None) or 1,
-        max_batch_size=getattr(args, "max_running_requests", None) or 256,
-        dtype_explicit=explicit, skip_tokenizer_init=getattr(args, "skip_tokenizer_init", False),
-        torchao_config=getattr(args, "torchao_config", "") or "",
-        kv_cache_dtype=getattr(args, "kv_cache_dtype", None) or "auto",
-        quantization_param_path=getattr(args, "quantization_param_path", None))
+    """``load_model`` for a ServerArgs (its ``LoadConfig`` view)."""
+    from infer.core.config.views import LoadConfig
+
+    return load_model_from_config(LoadConfig.from_server_args(args), platform=platform, host=host)

@@ -10,8 +10,10 @@ native call for all layers (``infer_decode_layers``, the same kernels the per-op
 both paths give identical numbers), plus the embedding lookup, final norm and LM head in torch.
 
 A model it cannot run (another architecture or layer type, dense or bf16 weights, tensor
-parallelism, a non-native attention backend, float16/bf16 KV cache) is left to the per-op path,
-and ``reason`` says why; ``--disable-cuda-graph`` / ``--enforce-eager`` turn the runner off.
+parallelism, a non-native attention backend, a float16 KV cache) is left to the per-op path,
+and ``reason`` says why. A bf16 model with a bf16 KV cache runs the bf16 stack of
+``infer_cpu.graph_bf16`` instead (bf16 weights on the native bf16 GEMM).
+``--disable-cuda-graph`` / ``--enforce-eager`` turn the runner off.
 There is no batch-size padding: the call takes any decode batch.
 """
 
@@ -24,23 +26,25 @@ import torch
 from infer.core.ops.graph import GraphRunner
 
 from infer_cpu import kernels
+from infer_cpu.graph_bf16 import BF16DecodeStack, Unsupported
 
 log = logging.getLogger(__name__)
 
 
 class NativeDecodeGraph(GraphRunner):
-    def __init__(self, model_runner: Any, server_args: Any) -> None:
+    def __init__(self, model_runner: Any, graph: Any) -> None:  # graph: GraphConfig (unused)
         self.mr = model_runner
         self.ok = False
         self.reason = "not captured"
         self._keep: list[Any] = []
+        self._bf16: BF16DecodeStack | None = None
 
     # -- capture -------------------------------------------------------------------------------
     def capture(self) -> None:
         try:
             self._capture()
             self.ok, self.reason = True, "captured"
-        except _Unsupported as e:
+        except (_Unsupported, Unsupported) as e:
             self.ok, self.reason = False, str(e)
             log.info("native decode graph not used: %s", e)
 
@@ -58,6 +62,9 @@ class NativeDecodeGraph(GraphRunner):
             raise _Unsupported("tensor parallelism")
         if ctx.attention_backend_name != "torch_native":
             raise _Unsupported(f"attention backend {ctx.attention_backend_name!r}")
+        if mr.kv_cache.k[0].dtype == torch.bfloat16:
+            self._bf16 = BF16DecodeStack(mr)
+            return
         if mr.kv_cache.k[0].dtype != torch.float32:
             raise _Unsupported(f"KV cache dtype {mr.kv_cache.k[0].dtype}")
         layers = list(getattr(getattr(model, "model", None), "layers", []))
@@ -118,6 +125,8 @@ class NativeDecodeGraph(GraphRunner):
 
     def run(self, batch: Any) -> torch.Tensor:
         """Decode step: embedding (torch) -> all layers (one native call) -> norm + LM head."""
+        if self._bf16 is not None:
+            return self._bf16.run(batch)
         model, meta = self._model, batch.attn
         h = model.model.embed_tokens(batch.input_ids).float().contiguous()  # [B, hidden]
         pos = batch.positions.contiguous()

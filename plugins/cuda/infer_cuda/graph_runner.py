@@ -52,6 +52,7 @@ from infer.core.config.flags import ConfigError
 from infer.core.config.validate import check_piecewise_tokens
 from infer.core.ops.attention import AttentionMetadata
 from infer.core.ops.forward_batch import ForwardBatch
+from infer.core.config.views import GraphConfig
 from infer.core.ops.graph import GraphRunner
 
 log = logging.getLogger(__name__)
@@ -62,13 +63,12 @@ DEFAULT_PIECEWISE_MAX_TOKENS = 4096  # SGLang's --piecewise-cuda-graph-max-token
 _SMALL_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 640, 768, 896, 1024)
 
 
-def capture_sizes(server_args: Any) -> list[int]:
+def capture_sizes(graph: GraphConfig) -> list[int]:
     """Sorted batch sizes to capture, from --cuda-graph-bs or up to --cuda-graph-max-bs."""
-    explicit = getattr(server_args, "cuda_graph_bs", None)
-    if explicit:
-        return sorted({int(b) for b in explicit if int(b) > 0})
-    max_bs = getattr(server_args, "cuda_graph_max_bs", None) or DEFAULT_MAX_BS
-    max_running = getattr(server_args, "max_running_requests", None)
+    if graph.batch_sizes:
+        return sorted({int(b) for b in graph.batch_sizes if int(b) > 0})
+    max_bs = graph.max_bs or DEFAULT_MAX_BS
+    max_running = graph.max_running_requests
     if max_running:
         max_bs = min(max_bs, int(max_running))
     sizes = [b for b in (1, 2, 4, 8, 12) if b <= max_bs]
@@ -78,22 +78,21 @@ def capture_sizes(server_args: Any) -> list[int]:
     return sorted(set(sizes))
 
 
-def extend_token_buckets(server_args: Any, context_length: int) -> list[int]:
+def extend_token_buckets(graph: GraphConfig, context_length: int) -> list[int]:
     """Sorted token counts to capture extend graphs for; [] unless --enable-piecewise-cuda-graph.
 
     --piecewise-cuda-graph-tokens is taken as given (each in 2..max tokens); otherwise the default
     buckets up to min(max tokens, context length, --chunked-prefill-size when > 0), that cap
     included. A 1-token extend is a decode row (decode graphs), hence the lower bound 2."""
-    if not getattr(server_args, "enable_piecewise_cuda_graph", False):
+    if not graph.enable_piecewise:
         return []
-    max_tokens = getattr(server_args, "piecewise_cuda_graph_max_tokens", None)
+    max_tokens = graph.piecewise_max_tokens
     max_tokens = DEFAULT_PIECEWISE_MAX_TOKENS if max_tokens is None else max_tokens
-    explicit = check_piecewise_tokens(max_tokens,
-                                      getattr(server_args, "piecewise_cuda_graph_tokens", None))
+    explicit = check_piecewise_tokens(max_tokens, graph.piecewise_tokens)
     if explicit is not None:
         return explicit
     cap = min(max_tokens, context_length)
-    chunk = getattr(server_args, "chunked_prefill_size", None)
+    chunk = graph.chunked_prefill_size
     if chunk is not None and chunk > 0:
         cap = min(cap, chunk)
     sizes = [n for n in _SMALL_BUCKETS if n <= cap] + list(range(1280, cap + 1, 256))
@@ -168,23 +167,23 @@ def load_extend_inputs(st: ForwardBatch, src: ForwardBatch) -> None:
 
 
 class CudaGraphRunner(GraphRunner):
-    def __init__(self, model_runner: Any, server_args: Any) -> None:
+    def __init__(self, model_runner: Any, graph: GraphConfig) -> None:
         self.mr = model_runner
-        self.sizes = capture_sizes(server_args)
-        self.padding = not getattr(server_args, "disable_cuda_graph_padding", False)
+        self.sizes = capture_sizes(graph)
+        self.padding = not graph.disable_padding
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.static: dict[int, ForwardBatch] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.compile_max_bs = 0
-        if getattr(server_args, "enable_torch_compile", False):
-            self.compile_max_bs = int(getattr(server_args, "torch_compile_max_bs", None) or 32)
+        if graph.enable_torch_compile:
+            self.compile_max_bs = graph.torch_compile_max_bs
         self._compiled: Any = None
         backend = model_runner.attn_backend
         self.enabled = bool(getattr(backend, "supports_graph_capture", False))
         if not self.enabled:
             log.warning("attention backend %s cannot be captured in a CUDA graph; decode runs "
                         "eagerly", getattr(backend, "name", "?"))
-        self.ext_buckets = extend_token_buckets(server_args, model_runner.context_length)
+        self.ext_buckets = extend_token_buckets(graph, model_runner.context_length)
         if self.ext_buckets and not getattr(backend, "supports_extend_graph_capture", False):
             raise ConfigError(
                 f"--enable-piecewise-cuda-graph: attention backend "

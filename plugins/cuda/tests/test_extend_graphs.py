@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from infer.core.config.flags import FLAG_SPECS, ConfigError
+from infer.core.config.views import GraphConfig
 from infer.core.ops.forward_batch import ForwardBatch
 from infer.core.ops.attention import AttentionMetadata, KVCache
 from infer_cuda.graph_runner import (
@@ -32,11 +33,15 @@ from kernel_utils import (
 )
 
 
-def _args(**kw: object) -> SimpleNamespace:
-    base = dict(enable_piecewise_cuda_graph=True, piecewise_cuda_graph_max_tokens=None,
-                piecewise_cuda_graph_tokens=None, chunked_prefill_size=None)
-    base.update(kw)
-    return SimpleNamespace(**base)
+def _args(**kw: object) -> GraphConfig:
+    """The GraphConfig view of these server flags (piecewise graphs on unless said otherwise)."""
+    names = dict(enable_piecewise_cuda_graph="enable_piecewise",
+                 piecewise_cuda_graph_max_tokens="piecewise_max_tokens",
+                 piecewise_cuda_graph_tokens="piecewise_tokens",
+                 chunked_prefill_size="chunked_prefill_size")
+    base = dict(enable_piecewise=True, piecewise_max_tokens=None)
+    base.update({names[k]: v for k, v in kw.items()})
+    return GraphConfig(**base)
 
 
 def _batch(prefix: list[int], extend: list[int], logit_rows: list[int] | None = None,

@@ -96,13 +96,11 @@ def test_default_attention_backend(monkeypatch):
 
 
 def test_capture_sizes():
-    from types import SimpleNamespace
-
+    from infer.core.config.views import GraphConfig
     from infer_cuda.graph_runner import capture_sizes
 
-    assert capture_sizes(SimpleNamespace(cuda_graph_bs=[4, 1, 4], cuda_graph_max_bs=None)) == [1, 4]
-    sizes = capture_sizes(SimpleNamespace(cuda_graph_bs=None, cuda_graph_max_bs=40))
+    assert capture_sizes(GraphConfig(batch_sizes=[4, 1, 4], max_bs=None)) == [1, 4]
+    sizes = capture_sizes(GraphConfig(batch_sizes=None, max_bs=40))
     assert sizes[0] == 1 and sizes[-1] == 40 and sizes == sorted(sizes)
-    capped = capture_sizes(SimpleNamespace(cuda_graph_bs=None, cuda_graph_max_bs=64,
-                                           max_running_requests=10))
+    capped = capture_sizes(GraphConfig(batch_sizes=None, max_bs=64, max_running_requests=10))
     assert capped[-1] == 10
