@@ -50,9 +50,9 @@ from typing import Any
 import torch
 from infer.core.config.flags import ConfigError
 from infer.core.config.validate import check_piecewise_tokens
+from infer.core.config.views import GraphConfig
 from infer.core.ops.attention import AttentionMetadata
 from infer.core.ops.forward_batch import ForwardBatch
-from infer.core.config.views import GraphConfig
 from infer.core.ops.graph import GraphRunner
 
 log = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ import pytest
 import torch
 from infer.core.config.flags import FLAG_SPECS, ConfigError
 from infer.core.config.views import GraphConfig
-from infer.core.ops.forward_batch import ForwardBatch
 from infer.core.ops.attention import AttentionMetadata, KVCache
+from infer.core.ops.forward_batch import ForwardBatch
 from infer_cuda.graph_runner import (
     DEFAULT_PIECEWISE_MAX_TOKENS,
     CudaGraphRunner,
