@@ -1,6 +1,7 @@
 """Ascend probe: torch_npu installed, /dev/davinciN device nodes, SoC version from npu-smi.
 
-SoC versions follow torch_npu's numbering: 220-225 are the Ascend 910B family (A2),
+It also checks that the CANN toolkit is present (torch_npu cannot even be imported without
+it), so ``infer doctor`` says what to install. SoC versions follow torch_npu's numbering: 220-225 are the Ascend 910B family (A2),
 250-255 the Ascend 910_93 family (A3). ``npu-smi info -m`` lists each chip's name, which maps
 onto that numbering; reading it needs no ACL initialisation.
 """
@@ -8,12 +9,13 @@ onto that numbering; reading it needs no ACL initialisation.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
-from infer.core.platform import DeviceInfo, Platform, ProbeResult
+from infer.core.platform import DeviceInfo, ProbeResult
 
 GENERATIONS = ("A2", "A3")
 
@@ -52,16 +54,38 @@ def parse_npu_smi_chips(text: str) -> list[str]:
     return names
 
 
+CANN_MISSING = (
+    "torch_npu is installed but the CANN toolkit is not (torch_npu cannot load without it): "
+    "install Ascend-cann-toolkit and the Ascend-cann-kernels package for your SoC (A2: 910b, "
+    "A3: A3) from https://www.hiascend.com/cann, the version your torch_npu release names, then "
+    "`source /usr/local/Ascend/ascend-toolkit/set_env.sh` (it sets ASCEND_TOOLKIT_HOME)")
+CANN_DEFAULT = Path("/usr/local/Ascend/ascend-toolkit/latest")
+
+
+def cann_toolkit(env: dict[str, str] | None = None, default: Path = CANN_DEFAULT) -> Path | None:
+    """The CANN toolkit folder: $ASCEND_TOOLKIT_HOME or $ASCEND_HOME_PATH (set by CANN's
+    set_env.sh), else the default install path; None when none of them holds a toolkit
+    (a ``version.cfg`` or ``lib64``)."""
+    env = os.environ if env is None else env
+    for cand in (env.get("ASCEND_TOOLKIT_HOME"), env.get("ASCEND_HOME_PATH"), str(default)):
+        if cand and ((Path(cand) / "lib64").is_dir() or (Path(cand) / "version.cfg").exists()):
+            return Path(cand)
+    return None
+
+
 def device_nodes(dev: Path = Path("/dev")) -> list[Path]:
     return sorted(p for p in dev.glob("davinci*") if p.name[len("davinci"):].isdigit())
 
 
 def probe_from(torch_npu_installed: bool, nodes: list[Path], chips: list[str] | None,
-               chips_error: str = "") -> ProbeResult:
-    """Decide from the facts gathered (kept apart from I/O so tests can fake each one)."""
+               chips_error: str = "", cann_home: Path | None | bool = True) -> ProbeResult:
+    """Decide from the facts gathered (kept apart from I/O so tests can fake each one).
+    ``cann_home``: the CANN toolkit found (a path, or True when not checked), None when missing."""
     if not torch_npu_installed:
         return ProbeResult.not_found(
             "ascend", "torch_npu is not installed (pip install 'infer-plugin-ascend[npu]')")
+    if cann_home is None:
+        return ProbeResult.not_found("ascend", CANN_MISSING)
     if not nodes:
         return ProbeResult.not_found("ascend", "no Ascend device nodes (/dev/davinci*) found")
     if chips is None:
@@ -102,19 +126,7 @@ def _npu_smi_chips() -> tuple[list[str] | None, str]:
 
 def probe() -> ProbeResult:
     installed = importlib.util.find_spec("torch_npu") is not None
-    nodes = device_nodes() if installed else []
+    cann = cann_toolkit() if installed else None
+    nodes = device_nodes() if installed and cann else []
     chips, err = _npu_smi_chips() if nodes else (None, "")
-    return probe_from(installed, nodes, chips, err)
-
-
-class AscendPlatform(Platform):
-    name = "ascend"
-    torch_device = "npu"
-    dist_backend = "hccl"
-    default_attention_backend = "ascend"
-    default_graph_runner = "acl_graph"
-
-
-def create_platform(result: ProbeResult) -> Platform:
-    assert result.device is not None
-    return AscendPlatform(result.device)
+    return probe_from(installed, nodes, chips, err, cann)

@@ -1,0 +1,129 @@
+"""ACL graphs (``torch.npu.NPUGraph``) for decode batches, one per captured batch size.
+
+Per size bs the runner owns a static decode ForwardBatch (input ids, positions, attention
+metadata with block tables as wide as the longest sequence, logits rows 0..bs-1) and the logits
+the graph writes. A decode batch of n <= bs rows is copied into the first n rows; padding rows
+are seq_len 1, a block-table row of zeros and slot 0, so they read and write only the model
+runner's scratch page 0.
+
+What differs from CUDA graphs: the fused attention takes the KV lengths as host-side lists,
+which a captured graph keeps as they were at capture. Graphs are therefore captured with
+``auto_dispatch_capture=True`` and, before every replay, ``graph.update(cpu_update_input=...)``
+hands each layer's attention this batch's lengths (``AscendAttention.graph_update_input``).
+
+Sizes: ``--cuda-graph-bs`` (explicit) or up to ``--cuda-graph-max-bs`` (default 64, capped by
+``--max-running-requests``); ``--disable-cuda-graph-padding`` replays exact sizes only;
+``--disable-cuda-graph`` turns the runner off (the model runner then creates none).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from typing import Any
+
+import torch
+from infer.core.ops.graph import GraphRunner
+
+from infer_ascend.platform import npu
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BS = 64
+
+
+def capture_sizes(server_args: Any) -> list[int]:
+    explicit = getattr(server_args, "cuda_graph_bs", None)
+    if explicit:
+        return sorted({int(b) for b in explicit if int(b) > 0})
+    max_bs = getattr(server_args, "cuda_graph_max_bs", None) or DEFAULT_MAX_BS
+    running = getattr(server_args, "max_running_requests", None)
+    if running:
+        max_bs = min(max_bs, int(running))
+    sizes = [b for b in (1, 2, 4, 8) if b <= max_bs] + list(range(16, max_bs + 1, 8))
+    return sorted(set(sizes) | {max_bs})
+
+
+class AclGraphRunner(GraphRunner):
+    def __init__(self, model_runner: Any, server_args: Any) -> None:
+        self.mr = model_runner
+        self.sizes = capture_sizes(server_args)
+        self.padding = not getattr(server_args, "disable_cuda_graph_padding", False)
+        self.enabled = bool(getattr(model_runner.attn_backend, "supports_graph_capture", False))
+        if not self.enabled:
+            log.warning("attention backend %s cannot be captured in an ACL graph; decode runs "
+                        "eagerly", getattr(model_runner.attn_backend, "name", "?"))
+        self.graphs: dict[int, Any] = {}
+        self.static: dict[int, Any] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+        self.replays = 0
+
+    def _static_batch(self, bs: int) -> Any:
+        d = self.mr.make_decode_inputs(bs)
+        d.block_tables = [[0] * self.mr.max_pages_per_seq for _ in range(bs)]
+        return self.mr.build_forward_batch(d)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        if not self.enabled:
+            return
+        n = npu()
+        pool = n.graph_pool_handle()
+        stream = n.Stream()
+        backend = self.mr.attn_backend
+        for bs in sorted(self.sizes, reverse=True):  # largest first: smaller ones reuse its pool
+            fwd = self._static_batch(bs)
+            backend.plan(fwd.attn)
+            self.mr.model(fwd)  # warm-up outside the graph (kernel selection, workspaces)
+            graph = n.NPUGraph()
+            with n.graph(graph, pool=pool, stream=stream, auto_dispatch_capture=True):
+                self.logits[bs] = self.mr.model(fwd)  # [bs, V]
+            self.graphs[bs], self.static[bs] = graph, fwd
+        n.synchronize()
+        log.info("captured ACL graphs for decode batch sizes %s", sorted(self.graphs))
+
+    def _size_for(self, n: int) -> int | None:
+        sizes = sorted(self.graphs)
+        i = bisect.bisect_left(sizes, n)
+        if i == len(sizes) or (sizes[i] != n and not self.padding):
+            return None
+        return sizes[i]
+
+    def can_run(self, batch: Any) -> bool:
+        meta = batch.attn
+        return (self.enabled and meta.is_decode_only and self._size_for(meta.num_seqs) is not None
+                and meta.block_tables.shape[1] <= self.mr.max_pages_per_seq)
+
+    @torch.inference_mode()
+    def run(self, batch: Any) -> torch.Tensor:
+        """Logits [n, V] of a decode batch that ``can_run`` accepts."""
+        n = batch.attn.num_seqs
+        bs = self._size_for(n)
+        assert bs is not None, "run() called for a batch that can_run() rejects"
+        st, src = self.static[bs], batch.attn
+        meta = st.attn
+        st.input_ids[:n].copy_(batch.input_ids)
+        st.positions[:n].copy_(batch.positions)
+        meta.seq_lens[:n].copy_(src.seq_lens)
+        meta.prefix_lens[:n].copy_(src.prefix_lens)
+        meta.slot_mapping[:n].copy_(src.slot_mapping)
+        width = src.block_tables.shape[1]
+        meta.block_tables[:n, :width].copy_(src.block_tables)
+        meta.block_tables[:n, width:].zero_()
+        if n < bs:  # padding rows: one token in scratch page 0
+            st.input_ids[n:].zero_()
+            st.positions[n:].zero_()
+            meta.seq_lens[n:].fill_(1)
+            meta.prefix_lens[n:].zero_()
+            meta.slot_mapping[n:].zero_()
+            meta.block_tables[n:].zero_()
+        meta.seq_lens_cpu = list(src.seq_lens_cpu) + [1] * (bs - n)
+        meta.extend_lens_cpu = [1] * bs
+        meta.max_seq_len = max(meta.seq_lens_cpu)
+        backend = self.mr.attn_backend
+        backend.plan(meta)
+        graph = self.graphs[bs]
+        graph.update(cpu_update_input=backend.graph_update_input())
+        graph.replay()
+        self.replays += 1
+        return self.logits[bs][:n]
