@@ -84,12 +84,14 @@ class Registries:
 
     @staticmethod
     def pick(table: dict, key: Any, platform: str) -> Any | None:
-        """The factory registered under ``key`` that runs on ``platform`` (last one wins); a
-        ``"module:attr"`` registration is imported here (``load_target``)."""
-        for c in reversed(table.get(key, [])):
-            if c.runs_on(platform):
-                return load_target(c.factory)
-        return None
+        """The factory registered under ``key`` that runs on ``platform``: one registered for this
+        platform by name wins over one registered for every platform (the core's references)
+        whichever loaded first; among equals the last one wins. A ``"module:attr"`` registration
+        is imported here (``load_target``)."""
+        candidates = [c for c in table.get(key, []) if c.runs_on(platform)]
+        named = [c for c in candidates if c.platforms is not None]
+        chosen = (named or candidates)[-1:]
+        return load_target(chosen[0].factory) if chosen else None
 
     @staticmethod
     def names_for(table: dict, platform: str) -> list:

@@ -1,11 +1,18 @@
 """The core's own plugin: registers the built-in model architectures through the same
-``register_models`` hook a third-party plugin uses."""
+``register_models`` hook a third-party plugin uses, and the plain-torch reference ops that every
+platform may run (``infer.core.ops.reference``, whose hooks are re-exported here)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from infer.core.hookspecs import hookimpl
+from infer.core.ops.reference import (  # noqa: F401 (the core plugin's op hooks)
+    register_attention_backends,
+    register_communicators,
+    register_linear_methods,
+    register_moe_runners,
+)
 from infer.core.plugins import load_target
 
 INFER_API_VERSION = 1

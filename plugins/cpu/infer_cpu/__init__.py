@@ -1,4 +1,6 @@
-"""infer-plugin-cpu: the CPU platform. Its ops are the plain-torch references of every op.
+"""infer-plugin-cpu: the CPU platform. It runs the core's plain-torch reference ops
+(``infer.core.ops.reference``) and, where they fit, its own native kernels (GGUF blocks, paged
+decode attention, fused layer ops, a decode graph).
 
 This module is the entry point: it imports nothing heavy. Implementations are registered as
 "module:Class" strings, imported (with torch) only when the core picks them.
@@ -11,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from infer.core.hookspecs import hookimpl
+from infer.core.ops import reference
 
 INFER_API_VERSION = 1
 
@@ -38,12 +41,13 @@ def register_support_matrix(register: Any) -> None:
 
 @hookimpl
 def register_attention_backends(register: Any) -> None:
+    # the core's reference with the native paged-decode kernel for float32 caches
     register("torch_native", "infer_cpu.ops.attention:TorchNativeAttention", "cpu")
 
 
 @hookimpl
 def register_linear_methods(register: Any) -> None:
-    register(None, "infer_cpu.ops.linear:DenseLinearMethod", "cpu")
+    register(None, reference.DENSE_LINEAR, "cpu")
     # GGUF Q4_0/Q4_1/Q8_0 blocks on the native kernels (torch's int4/int8 without them)
     register("gguf", "infer_cpu.quant.methods:GGUFLinearMethod", "cpu")
     # --torchao-config int8wo
@@ -65,10 +69,11 @@ def register_layer_ops(register: Any) -> None:
 
 @hookimpl
 def register_moe_runners(register: Any) -> None:
-    register("torch", "infer_cpu.ops.moe:TorchMoERunner", "cpu")
-    register("auto", "infer_cpu.ops.moe:TorchMoERunner", "cpu")
+    register("torch", reference.MOE, "cpu")
+    register("auto", reference.MOE, "cpu")
 
 
 @hookimpl
 def register_communicators(register: Any) -> None:
-    register("gloo", "infer_cpu.ops.comm:GlooCommunicator", "cpu")
+    # gloo has no all_gather_into_tensor, so the process group's list all-gather is the right one
+    register("gloo", reference.PROCESS_GROUP_COMM, "cpu")

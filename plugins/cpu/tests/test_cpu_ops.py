@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from infer.core.ops.attention import AttentionConfig, AttentionMetadata
 from infer.core.ops.linear import LinearConfig
+from infer.core.ops.reference.linear import DenseLinearMethod
+from infer.core.ops.reference.moe import TorchMoERunner
 from infer_cpu.ops.attention import TorchNativeAttention
-from infer_cpu.ops.linear import DenseLinearMethod
-from infer_cpu.ops.moe import TorchMoERunner
 
 H, HKV, D = 4, 2, 8
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from infer.core.hookspecs import hookimpl
+from infer.core.ops import reference
 
 INFER_API_VERSION = 1
 PLATFORM = "cuda"
@@ -33,8 +34,7 @@ def register_support_matrix(register: Any) -> None:
 @hookimpl
 def register_attention_backends(register: Any) -> None:
     register("triton", "infer_cuda.ops.attention_triton:TritonAttention", PLATFORM)
-    # the plain-torch reference
-    register("torch_native", "infer_cpu.ops.attention:TorchNativeAttention", PLATFORM)
+    register("torch_native", reference.ATTENTION, PLATFORM)  # the core's plain-torch reference
     if importlib.util.find_spec("flashinfer") is not None:
         register("flashinfer", "infer_cuda.ops.attention_flashinfer:FlashInferAttention", PLATFORM)
 
@@ -49,7 +49,7 @@ def register_linear_methods(register: Any) -> None:
 def register_moe_runners(register: Any) -> None:
     register("triton", "infer_cuda.ops.moe:TritonMoERunner", PLATFORM)
     register("auto", "infer_cuda.ops.moe:TritonMoERunner", PLATFORM)
-    register("torch", "infer_cpu.ops.moe:TorchMoERunner", PLATFORM)
+    register("torch", reference.MOE, PLATFORM)
 
 
 @hookimpl

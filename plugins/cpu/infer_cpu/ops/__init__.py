@@ -1,2 +1,2 @@
-"""Plain-torch reference ops of the CPU plugin: attention over the paged KV cache, dense linear,
-MoE experts and the gloo communicator. Other plugins' kernels are tested against these."""
+"""The CPU plugin's ops beyond the core's plain-torch references (``infer.core.ops.reference``):
+``torch_native`` attention with the native paged-decode kernel."""

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from infer.core.config.flags import ConfigError
 from infer.core.ops.linear import LinearConfig
-from infer_cpu.ops.linear import DenseLinearMethod
+from infer.core.ops.reference.linear import DenseLinearMethod
 from torch import nn
 
 from infer_cuda.kernels import gemv as gemv_kernel

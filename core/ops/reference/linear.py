@@ -1,5 +1,5 @@
-"""The default (unquantized) linear method: a dense weight [out, in] applied with torch matmul
-(bf16 and fp32; oneDNN picks the ISA's best GEMM)."""
+"""The default (unquantized) linear method: a dense weight [out, in] applied with torch's matmul
+(the device's own GEMM library picks the kernel)."""
 
 from __future__ import annotations
 
