@@ -47,7 +47,8 @@ def register_attention_backends(register: Any) -> None:
 
 @hookimpl
 def register_linear_methods(register: Any) -> None:
-    register(None, reference.DENSE_LINEAR, "cpu")
+    # bf16 weights on the native bf16 GEMM; the reference DenseLinearMethod otherwise
+    register(None, "infer_cpu.ops.linear_native:NativeDenseLinearMethod", "cpu")
     # GGUF Q4_0/Q4_1/Q8_0 blocks on the native kernels (torch's int4/int8 without them)
     register("gguf", "infer_cpu.quant.methods:GGUFLinearMethod", "cpu")
     # --torchao-config int8wo

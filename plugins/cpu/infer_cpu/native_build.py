@@ -19,6 +19,9 @@ from pathlib import Path
 SOURCE = Path(__file__).parent / "kernels" / "infer_cpu_kernels.c"
 FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-march=native"], ["-O3"])
 LIB_NAME = "libinfer_cpu_kernels.so"
+# the bf16 GEMM and bf16 decode step (kernels/bf16.py), a library of its own
+BF16_SOURCE = Path(__file__).parent / "kernels" / "infer_cpu_bf16.c"
+BF16_LIB_NAME = "libinfer_cpu_bf16.so"
 
 
 def _cache_dir() -> Path:
@@ -43,23 +46,23 @@ def compiler() -> str | None:
     return None
 
 
-def _target(cc: str, flags: list[str]) -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([cc, *flags]).encode()
+def _target(cc: str, flags: list[str], source: Path = SOURCE, lib_name: str = LIB_NAME) -> Path:
+    key = hashlib.sha256(source.read_bytes() + " ".join([cc, *flags]).encode()
                          + _cpu_id().encode()).hexdigest()[:16]
-    return _cache_dir() / key / LIB_NAME
+    return _cache_dir() / key / lib_name
 
 
-def build(cc: str) -> tuple[Path, list[str]]:
+def build(cc: str, source: Path = SOURCE, lib_name: str = LIB_NAME) -> tuple[Path, list[str]]:
     """Path of the library for this source, compiler and CPU (compiled now if not cached)."""
     errors = []
     for flags in FLAG_SETS:
-        out = _target(cc, flags)
+        out = _target(cc, flags, source, lib_name)
         if out.exists():
             return out, flags
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
             tmp_out = Path(tmp) / out.name
-            cmd = [cc, *flags, "-shared", "-fPIC", "-o", str(tmp_out), str(SOURCE), "-lm"]
+            cmd = [cc, *flags, "-shared", "-fPIC", "-o", str(tmp_out), str(source), "-lm"]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode == 0:
                 os.replace(tmp_out, out)  # atomic: concurrent builders agree on the result

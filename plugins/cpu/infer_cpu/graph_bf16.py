@@ -1,0 +1,96 @@
+"""The bf16 decode stack of ``native_decode`` (``infer_cpu.graph``): bf16 models with a bf16 KV
+cache, every decoder layer in one native call (``infer_bf16_decode_layers``).
+
+Capture checks that each layer is a dense Llama-family layer whose four projections were packed
+by the CPU plugin's bf16 linear method (``infer_cpu.ops.linear_native``), and records float32
+copies of the norm weights and qkv bias with the packed weights and cache pointers in a C array.
+The step keeps the residual stream in float32 and rounds only the GEMM inputs to bf16 (the
+per-op path keeps the residual in bf16 too), so the two paths agree closely, not bit for bit;
+both are tested against transformers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from infer_cpu.kernels import bf16 as kb
+
+
+class Unsupported(Exception):
+    """The model does not fit the bf16 decode stack; the message says why."""
+
+
+class BF16DecodeStack:
+    def __init__(self, mr: Any) -> None:
+        from infer.core.model.layers.mlp import GatedMLP
+        from infer.core.model.models.llama import DecoderLayer
+
+        lib = kb.load()
+        if lib is None:
+            raise Unsupported(kb.detail())
+        model, ctx, cache = mr.model, mr.loaded.ctx, mr.kv_cache
+        if any(t.dtype != torch.bfloat16 or not t.is_contiguous() for t in cache.k + cache.v):
+            raise Unsupported("the bf16 decode stack needs a contiguous bf16 KV cache")
+        layers = list(getattr(getattr(model, "model", None), "layers", []))
+        rotary = getattr(model, "rotary", None)
+        if not layers or rotary is None:
+            raise Unsupported("no decoder layers or rotary table found")
+        if rotary.cos_sin.dtype != torch.float32 or not rotary.cos_sin.is_contiguous():
+            raise Unsupported("no contiguous float32 rotary table")
+        if getattr(model.lm_head, "bf16_packed", None) is None:
+            raise Unsupported("the LM head is not on the native bf16 GEMM")
+        self._keep: list[Any] = []
+        table = (kb.Layer * len(layers))()
+        eps = None
+        for i, layer in enumerate(layers):
+            if type(layer) is not DecoderLayer or type(layer.mlp) is not GatedMLP:
+                raise Unsupported(f"layer {i} is {type(layer).__name__}, not a dense Llama layer")
+            attn = layer.self_attn
+            if attn.q_norm is not None or attn.rotary is not rotary:
+                raise Unsupported("per-head q/k norm or a per-layer rotary table")
+            projs = [attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj]
+            packed = [getattr(m, "bf16_packed", None) for m in projs]
+            if any(p is None for p in packed):
+                kind = getattr(projs[packed.index(None)], "quant_kind", "dense")
+                raise Unsupported(f"layer {i} has a {kind} linear layer (the bf16 stack runs "
+                                  "bf16 weights packed for the native bf16 GEMM)")
+            if any(m.bias is not None for m in projs[1:]):
+                raise Unsupported("bias on o/gate/up/down projections")
+            norms = [layer.input_layernorm, layer.post_attention_layernorm]
+            eps = norms[0].eps if eps is None else eps
+            if any(n.eps != eps for n in norms):
+                raise Unsupported("different norm eps per layer")
+            w32 = [n.weight.detach().float().contiguous() for n in norms]  # [hidden] each
+            bqkv = attn.qkv_proj.bias_f32
+            table[i] = kb.Layer(w32[0].data_ptr(), w32[1].data_ptr(),
+                                *(p.data.data_ptr() for p in packed),
+                                bqkv.data_ptr() if bqkv is not None else None,
+                                cache.k[i].data_ptr(), cache.v[i].data_ptr())
+            self._keep += [w32, packed, bqkv, cache.k[i], cache.v[i]]
+        a0 = layers[0].self_attn
+        self.heads, self.kv_heads, self.head_dim = a0.num_heads, a0.num_kv_heads, a0.head_dim
+        if self.heads % self.kv_heads:
+            raise Unsupported(f"{self.heads} query heads do not group over {self.kv_heads} KV heads")
+        self.hidden = layers[0].mlp.down_proj.out_features
+        self.inter = layers[0].mlp.down_proj.in_features
+        self.eps, self.rotary, self.scale = float(eps), rotary, ctx.attn_backend.config.scale
+        self.table, self.n_layers, self.model = table, len(layers), model
+        self._fn = lib.infer_bf16_decode_layers
+
+    def run(self, batch: Any) -> torch.Tensor:
+        """Decode step: embedding (torch) -> all layers (one native call) -> norm + LM head."""
+        meta = batch.attn
+        h = self.model.model.embed_tokens(batch.input_ids).float().contiguous()  # [B, hidden]
+        pos, slots = batch.positions.contiguous(), meta.slot_mapping.contiguous()
+        bt, seq_lens = meta.block_tables, meta.seq_lens.contiguous()
+        if (pos.dtype != torch.int64 or slots.dtype != torch.int64 or bt.dtype != torch.int32
+                or bt.stride(1) != 1 or seq_lens.dtype != torch.int32):
+            raise TypeError("decode metadata dtypes differ from what the bf16 decode stack expects")
+        kb.lib_for_call()  # sizes the OpenMP team to torch's thread count
+        self._fn(self.table, self.n_layers, h.data_ptr(), h.shape[0], self.hidden, self.heads,
+                 self.kv_heads, self.head_dim, self.inter, self.eps, pos.data_ptr(),
+                 self.rotary.cos_sin.data_ptr(), self.rotary.rotary_dim, slots.data_ptr(),
+                 bt.data_ptr(), bt.stride(0), seq_lens.data_ptr(), meta.page_size, self.scale)
+        return self.model.compute_logits(h, batch)

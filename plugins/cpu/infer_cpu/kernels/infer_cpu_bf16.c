@@ -1,0 +1,527 @@
+/*
+ * infer-plugin-cpu bf16 kernels: dense bf16 weights against float32 or bf16 activations, and a
+ * whole bf16 decode step (the graph runner of bf16 models with a bf16 KV cache).
+ *
+ * Compiled on first use for the machine it runs on (kernels/bf16.py), called through ctypes; the
+ * Python side checks dtypes, shapes and strides. Tested against plain torch in
+ * plugins/cpu/tests/test_bf16_kernels.py, on every ISA path this compiler can build here.
+ *
+ * Weight layout ("pair-packed", made by kernels/bf16.py:pack): W [N, K] bf16 becomes
+ * P [NB = ceil(N / 16)][K2 = ceil(K / 2)][16][2]: for column block b and k pair j the 16
+ * columns' (w[n, 2j], w[n, 2j + 1]) side by side, zeros past N and K. One 64-byte row of P times
+ * a broadcast activation pair is one vdpbf16ps giving 16 outputs, with no horizontal sums; the
+ * AVX2 and portable paths widen the same bytes to float32.
+ *
+ * Numerics, every path: activations are rounded to bf16 (nearest even), each product of two
+ * bf16 values is exact in float32, sums are float32 (their order differs by path).
+ */
+#include <math.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define BF16_DP 1 /* vdpbf16ps on bf16 activation pairs */
+#elif defined(__AVX2__) && defined(__FMA__)
+#define BF16_AVX2 1 /* weights widened to float32, FMA against float32 activations */
+#endif
+
+typedef uint16_t bf16;
+#ifdef BF16_DP
+typedef bf16 act_t; /* the GEMM's activation element: bf16 pairs for vdpbf16ps */
+#else
+typedef float act_t; /* bf16-rounded values held as float32 */
+#endif
+
+#define CB 16 /* columns per packed block */
+#define TM 4  /* activation rows per register tile */
+#define TB 4  /* column blocks per register tile (AVX-512); the AVX2 tile is one block */
+
+static int g_threads = 1;
+
+void infer_bf16_set_threads(int n) { g_threads = n > 0 ? n : 1; }
+
+/* 3: AVX-512 BF16 (vdpbf16ps), 2: AVX2 + FMA, 0: portable C. */
+int infer_bf16_isa(void) {
+#if defined(BF16_DP)
+  return 3;
+#elif defined(BF16_AVX2)
+  return 2;
+#else
+  return 0;
+#endif
+}
+
+static inline float bf16_to_f32(bf16 v) {
+  uint32_t u = (uint32_t)v << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* Round to nearest even (NaN stays NaN); the same as torch's float -> bfloat16. */
+static inline bf16 f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (bf16)((u >> 16) | 0x40);
+  return (bf16)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* x [K] (float32, or bf16 when x_bf16) -> the GEMM's activation row o [2 * ceil(K / 2)]:
+ * rounded to bf16, the odd tail padded with a zero. */
+static void act_row(const void *x, int x_bf16, int K, act_t *o) {
+  const float *xf = (const float *)x;
+  const bf16 *xb = (const bf16 *)x;
+  int k = 0;
+#ifdef BF16_DP
+  if (!x_bf16)
+    for (; k + 16 <= K; k += 16) /* vcvtneps2bf16: nearest even, as f32_to_bf16 (subnormals -> 0) */
+      _mm256_storeu_si256((__m256i *)(o + k), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(xf + k)));
+  for (; k < K; k++) o[k] = x_bf16 ? xb[k] : f32_to_bf16(xf[k]);
+  if (K & 1) o[K] = 0;
+#else
+  for (; k < K; k++) o[k] = bf16_to_f32(x_bf16 ? xb[k] : f32_to_bf16(xf[k]));
+  if (K & 1) o[K] = 0.f;
+#endif
+}
+
+/* Store 16 float32 outputs v (+ bias) at y[0 .. cols) as float32 or bf16, cols <= 16. */
+static inline void store16(float *v, const float *bias, int cols, void *y, int y_bf16) {
+  for (int c = 0; c < cols; c++) {
+    float s = v[c] + (bias ? bias[c] : 0.f);
+    if (y_bf16)
+      ((bf16 *)y)[c] = f32_to_bf16(s);
+    else
+      ((float *)y)[c] = s;
+  }
+}
+
+/* ---- register tiles: y[m, block b] for tm <= TM activation rows and tb column blocks ---- */
+#if defined(BF16_DP)
+static inline __attribute__((always_inline)) void tile(const act_t *x, int64_t xs, int tm,
+                                                       const bf16 *P, int64_t ps, int tb, int K2,
+                                                       float out[TM][TB][CB]) {
+  __m512 acc[TM][TB];
+  for (int m = 0; m < tm; m++)
+    for (int b = 0; b < tb; b++) acc[m][b] = _mm512_setzero_ps();
+  for (int j = 0; j < K2; j++) {
+    __m512i w[TB];
+    for (int b = 0; b < tb; b++) w[b] = _mm512_loadu_si512((const void *)(P + b * ps + (int64_t)j * 32));
+    for (int m = 0; m < tm; m++) {
+      int32_t pair;
+      memcpy(&pair, x + m * xs + 2 * j, sizeof pair);
+      __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+      for (int b = 0; b < tb; b++) acc[m][b] = _mm512_dpbf16_ps(acc[m][b], (__m512bh)w[b], xv);
+    }
+  }
+  for (int m = 0; m < tm; m++)
+    for (int b = 0; b < tb; b++) _mm512_storeu_ps(out[m][b], acc[m][b]);
+}
+#define TILE_TB TB
+#elif defined(BF16_AVX2)
+/* One block (16 columns = two 8-column halves); even k from (w << 16), odd from (w & 0xFFFF0000). */
+static inline __attribute__((always_inline)) void tile(const act_t *x, int64_t xs, int tm,
+                                                       const bf16 *P, int64_t ps, int tb, int K2,
+                                                       float out[TM][TB][CB]) {
+  (void)ps;
+  (void)tb;
+  const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
+  __m256 acc[TM][2];
+  for (int m = 0; m < tm; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+  for (int j = 0; j < K2; j++) {
+    __m256i w0 = _mm256_loadu_si256((const __m256i *)(P + (int64_t)j * 32));
+    __m256i w1 = _mm256_loadu_si256((const __m256i *)(P + (int64_t)j * 32 + 16));
+    __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16));
+    __m256 o0 = _mm256_castsi256_ps(_mm256_and_si256(w0, hi));
+    __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16));
+    __m256 o1 = _mm256_castsi256_ps(_mm256_and_si256(w1, hi));
+    for (int m = 0; m < tm; m++) {
+      __m256 xe = _mm256_broadcast_ss(x + m * xs + 2 * j);
+      __m256 xo = _mm256_broadcast_ss(x + m * xs + 2 * j + 1);
+      acc[m][0] = _mm256_fmadd_ps(o0, xo, _mm256_fmadd_ps(e0, xe, acc[m][0]));
+      acc[m][1] = _mm256_fmadd_ps(o1, xo, _mm256_fmadd_ps(e1, xe, acc[m][1]));
+    }
+  }
+  for (int m = 0; m < tm; m++) {
+    _mm256_storeu_ps(out[m][0], acc[m][0]);
+    _mm256_storeu_ps(out[m][0] + 8, acc[m][1]);
+  }
+}
+#define TILE_TB 1
+#else
+static void tile(const act_t *x, int64_t xs, int tm, const bf16 *P, int64_t ps, int tb, int K2,
+                 float out[TM][TB][CB]) {
+  for (int m = 0; m < tm; m++)
+    for (int b = 0; b < tb; b++)
+      for (int c = 0; c < CB; c++) {
+        float s = 0.f;
+        const bf16 *w = P + b * ps + 2 * c;
+        for (int j = 0; j < K2; j++)
+          s += bf16_to_f32(w[(int64_t)j * 32]) * x[m * xs + 2 * j] +
+               bf16_to_f32(w[(int64_t)j * 32 + 1]) * x[m * xs + 2 * j + 1];
+        out[m][b][c] = s;
+      }
+}
+#define TILE_TB TB
+#endif
+
+/* y[m, n] = act[m] . w[n] (+ bias[n]) for the column blocks [b0, b1), every row m < M.
+ * act [M][2 K2] (row stride xs), y row stride ys (elements), float32 or bf16 outputs. */
+static void gemm_blocks(const act_t *act, int64_t xs, int M, int K2, const bf16 *P,
+                        const float *bias, int N, int b0, int b1, void *y, int64_t ys, int y_bf16) {
+  int64_t ps = (int64_t)K2 * 32; /* elements per packed block */
+  float out[TM][TB][CB], one[TM][TB][CB];
+  for (int b = b0; b < b1; b += TILE_TB) {
+    int tb = b1 - b < TILE_TB ? b1 - b : TILE_TB;
+    for (int m = 0; m < M; m += TM) {
+      int tm = M - m < TM ? M - m : TM;
+      const act_t *x = act + m * xs;
+      const bf16 *w = P + b * ps;
+      /* constant tile sizes let the compiler keep the accumulators in registers */
+      if (tm == TM && tb == TILE_TB)
+        tile(x, xs, TM, w, ps, TILE_TB, K2, out);
+      else if (tb == TILE_TB)
+        switch (tm) {
+          case 1: tile(x, xs, 1, w, ps, TILE_TB, K2, out); break;
+          case 2: tile(x, xs, 2, w, ps, TILE_TB, K2, out); break;
+          default: tile(x, xs, 3, w, ps, TILE_TB, K2, out); break;
+        }
+      else
+        for (int bb = 0; bb < tb; bb++) { /* the last < TILE_TB blocks, one at a time */
+          switch (tm) {
+            case 1: tile(x, xs, 1, w + bb * ps, ps, 1, K2, one); break;
+            case 2: tile(x, xs, 2, w + bb * ps, ps, 1, K2, one); break;
+            case 3: tile(x, xs, 3, w + bb * ps, ps, 1, K2, one); break;
+            default: tile(x, xs, 4, w + bb * ps, ps, 1, K2, one); break;
+          }
+          for (int i = 0; i < tm; i++) memcpy(out[i][bb], one[i][0], sizeof out[i][bb]);
+        }
+      for (int i = 0; i < tm; i++)
+        for (int bb = 0; bb < tb; bb++) {
+          int n = (b + bb) * CB, cols = N - n < CB ? N - n : CB;
+          char *dst = (char *)y + ((m + i) * ys + n) * (y_bf16 ? 2 : 4);
+          store16(out[i][bb], bias ? bias + n : NULL, cols, dst, y_bf16);
+        }
+    }
+  }
+}
+
+/* Thread tid's share [b0, b1) of NB column blocks (contiguous, sizes differ by at most one). */
+static void block_share(int NB, int tid, int nt, int *b0, int *b1) {
+  *b0 = (int)((int64_t)NB * tid / nt);
+  *b1 = (int)((int64_t)NB * (tid + 1) / nt);
+}
+
+/* y [M, N] = x [M, K] . W^T (+ bias), W pair-packed. x float32 or bf16 (x_bf16), row stride
+ * x_stride; y float32 or bf16 (y_bf16), row stride y_stride; bias float32 [N] or NULL. */
+void infer_bf16_gemm(const void *x, int x_bf16, int64_t x_stride, int M, int K, const bf16 *P,
+                     const float *bias, int N, void *y, int y_bf16, int64_t y_stride) {
+  int K2 = (K + 1) / 2, NB = (N + CB - 1) / CB;
+  act_t *act = (act_t *)malloc(sizeof(act_t) * (size_t)M * 2 * K2);
+  int nt = g_threads < NB ? g_threads : NB;
+  (void)nt;
+#pragma omp parallel num_threads(nt)
+  {
+    int t = 0, n = 1;
+#ifdef _OPENMP
+    t = omp_get_thread_num();
+    n = omp_get_num_threads();
+#endif
+#pragma omp for schedule(static)
+    for (int m = 0; m < M; m++)
+      act_row((const char *)x + (int64_t)m * x_stride * (x_bf16 ? 2 : 4), x_bf16, K,
+              act + (int64_t)m * 2 * K2);
+    int b0, b1;
+    block_share(NB, t, n, &b0, &b1);
+    gemm_blocks(act, 2 * K2, M, K2, P, bias, N, b0, b1, y, y_stride, y_bf16);
+  }
+  free(act);
+}
+
+/* ---- decode attention over a paged bf16 cache ---- */
+
+/* q . k for q float32 [D], k bf16 [D]. */
+static inline float dot_qk(const float *q, const bf16 *k, int D) {
+  int d = 0;
+  float s = 0.f;
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  for (; d + 16 <= D; d += 16) {
+    __m512 kv = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(k + d))), 16));
+    acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), kv, acc);
+  }
+  s = _mm512_reduce_add_ps(acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 acc = _mm256_setzero_ps();
+  for (; d + 8 <= D; d += 8) {
+    __m256 kv = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(k + d))), 16));
+    acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), kv, acc);
+  }
+  float t[8];
+  _mm256_storeu_ps(t, acc);
+  for (int i = 0; i < 8; i++) s += t[i];
+#endif
+  for (; d < D; d++) s += q[d] * bf16_to_f32(k[d]);
+  return s;
+}
+
+/* o += p * v for o float32 [D], v bf16 [D]. */
+static inline void axpy_v(float *o, float p, const bf16 *v, int D) {
+  int d = 0;
+#if defined(__AVX512F__)
+  __m512 pv = _mm512_set1_ps(p);
+  for (; d + 16 <= D; d += 16) {
+    __m512 vv = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v + d))), 16));
+    _mm512_storeu_ps(o + d, _mm512_fmadd_ps(pv, vv, _mm512_loadu_ps(o + d)));
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 pv = _mm256_set1_ps(p);
+  for (; d + 8 <= D; d += 8) {
+    __m256 vv = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(v + d))), 16));
+    _mm256_storeu_ps(o + d, _mm256_fmadd_ps(pv, vv, _mm256_loadu_ps(o + d)));
+  }
+#endif
+  for (; d < D; d++) o[d] += p * bf16_to_f32(v[d]);
+}
+
+typedef struct {
+  const float *q; /* [B, q_stride], query heads h at q + h D */
+  int64_t q_stride;
+  const bf16 *k_cache, *v_cache; /* [pages, page, Hkv, D] */
+  const int32_t *block_tables;   /* [B, bt_stride] page ids */
+  int64_t bt_stride;
+  const int32_t *seq_lens; /* [B], including the new token */
+  bf16 *out;               /* [B, H * D]: the o projection's input, rounded to bf16 */
+  int H, Hkv, D, page;
+  float scale;
+} bf16_attn;
+
+/* Unit u = (sequence b, KV head g): its H / Hkv query heads over the sequence's keys and values.
+ * s: scratch of (H / Hkv) * seq_len floats; o: scratch of (H / Hkv) * D floats. */
+static void attend_unit(const bf16_attn *a, int u, float *s, float *o) {
+  int b = u / a->Hkv, g = u % a->Hkv, G = a->H / a->Hkv, D = a->D, L = a->seq_lens[b];
+  const float *q = a->q + b * a->q_stride + (int64_t)g * G * D;
+  const int32_t *bt = a->block_tables + b * a->bt_stride;
+  int64_t row = (int64_t)a->Hkv * D;
+  for (int j = 0; j < L; j++) {
+    int64_t slot = (int64_t)bt[j / a->page] * a->page + j % a->page;
+    const bf16 *k = a->k_cache + slot * row + (int64_t)g * D;
+    for (int h = 0; h < G; h++) s[h * L + j] = a->scale * dot_qk(q + h * D, k, D);
+  }
+  for (int h = 0; h < G; h++) {
+    float mx = -INFINITY, sum = 0.f, *sh = s + h * L;
+    for (int j = 0; j < L; j++) mx = sh[j] > mx ? sh[j] : mx;
+    for (int j = 0; j < L; j++) sum += (sh[j] = expf(sh[j] - mx));
+    float inv = 1.f / sum;
+    for (int j = 0; j < L; j++) sh[j] *= inv;
+  }
+  memset(o, 0, sizeof(float) * (size_t)G * D);
+  for (int j = 0; j < L; j++) {
+    int64_t slot = (int64_t)bt[j / a->page] * a->page + j % a->page;
+    const bf16 *v = a->v_cache + slot * row + (int64_t)g * D;
+    for (int h = 0; h < G; h++) axpy_v(o + h * D, s[h * L + j], v, D);
+  }
+  bf16 *dst = a->out + (int64_t)b * a->H * D + (int64_t)g * G * D;
+  for (int i = 0; i < G * D; i++) dst[i] = f32_to_bf16(o[i]);
+}
+
+/* ---- row ops of the decode step (float32 residual stream) ---- */
+
+/* o = w * x / sqrt(mean(x^2) + eps) -> the next GEMM's activation row. */
+static void rms_act_row(const float *x, const float *w, int dim, float eps, float *tmp, act_t *o) {
+  float ss = 0.f;
+  for (int i = 0; i < dim; i++) ss += x[i] * x[i];
+  float r = 1.f / sqrtf(ss / (float)dim + eps);
+  for (int i = 0; i < dim; i++) tmp[i] = w[i] * (x[i] * r);
+  act_row(tmp, 0, dim, o);
+}
+
+/* Rotate-half rotary of one token's n heads at x (head stride D) by the table row cs [rot]. */
+static void rope_heads(float *x, int n, int D, int rot, const float *cs) {
+  int half = rot / 2;
+  for (int h = 0; h < n; h++) {
+    float *v = x + (int64_t)h * D;
+    for (int i = 0; i < half; i++) {
+      float x1 = v[i], x2 = v[i + half], c = cs[i], s = cs[half + i];
+      v[i] = x1 * c - x2 * s;
+      v[i + half] = x2 * c + x1 * s;
+    }
+  }
+}
+
+/* ---- a whole decode step of a Llama-family stack (bf16 weights, bf16 KV cache) ----
+ * Per layer, on the float32 residual stream h [B, hidden] in place:
+ *   x = rms_norm(h) ; qkv = x Wqkv^T (+ b) ; rotary(q, k) ; write k, v (bf16) ; a = attn(q) ;
+ *   h = h + a Wo^T ; x = rms_norm(h) ; gu = x Wgu^T ; h = h + (silu(g) * u) Wdown^T
+ * Every GEMM input is rounded to bf16 (x, a, silu(g) * u); everything else stays float32. */
+typedef struct {
+  const float *in_norm, *post_norm;    /* [hidden] float32 */
+  const bf16 *wqkv, *wo, *wgu, *wdown; /* pair-packed */
+  const float *bqkv;                   /* [(H + 2 Hkv) D] float32 or NULL */
+  bf16 *k_cache, *v_cache;             /* [pages, page, Hkv, D] */
+} infer_bf16_layer;
+
+/* Barrier of one parallel region's threads: spin briefly (the peer is usually microseconds
+ * behind), then yield the core (on a shared machine the peer may be descheduled). */
+typedef struct {
+  atomic_int arrived, phase;
+  int n;
+} team_barrier;
+
+static void team_wait(team_barrier *b) {
+  if (b->n <= 1) return;
+  int ph = atomic_load_explicit(&b->phase, memory_order_acquire);
+  if (atomic_fetch_add_explicit(&b->arrived, 1, memory_order_acq_rel) == b->n - 1) {
+    atomic_store_explicit(&b->arrived, 0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&b->phase, 1, memory_order_release);
+    return;
+  }
+  for (int spins = 0; atomic_load_explicit(&b->phase, memory_order_acquire) == ph; spins++) {
+    if (spins < 4000) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    } else {
+      sched_yield();
+    }
+  }
+}
+
+typedef struct {
+  const infer_bf16_layer *layers;
+  int n_layers, B, hidden, H, Hkv, D, inter, rot_dim, page;
+  float eps, scale;
+  float *h; /* [B, hidden] */
+  const int64_t *pos, *slots;
+  const float *cos_sin; /* [positions, rot_dim] */
+  const int32_t *block_tables, *seq_lens;
+  int64_t bt_stride;
+} bf16_step;
+
+/* Shared buffers of the step, and this thread's place in the team. */
+typedef struct {
+  act_t *act;   /* [B, 2 * ceil(kmax / 2)]: the current GEMM's input rows */
+  float *qkv;   /* [B, (H + 2 Hkv) D] */
+  float *gu;    /* [B, 2 inter] */
+  bf16 *att;    /* [B, H D] */
+  int64_t as;   /* act row stride */
+  int tid, nt;
+  team_barrier *bar;
+} bf16_team;
+
+static void decode_layer(const bf16_step *st, const infer_bf16_layer *L, bf16_team *t,
+                         float *tmp, float *s, float *o) {
+  int B = st->B, hid = st->hidden, D = st->D, H = st->H, Hkv = st->Hkv, I = st->inter;
+  int qkv_w = (H + 2 * Hkv) * D, att_w = H * D, b0, b1;
+  int64_t row = (int64_t)Hkv * D;
+  /* rows split across the team: m = tid, tid + nt, ... */
+  for (int m = t->tid; m < B; m += t->nt)
+    rms_act_row(st->h + (int64_t)m * hid, L->in_norm, hid, st->eps, tmp, t->act + m * t->as);
+  team_wait(t->bar);
+  block_share((qkv_w + CB - 1) / CB, t->tid, t->nt, &b0, &b1);
+  gemm_blocks(t->act, t->as, B, (hid + 1) / 2, L->wqkv, L->bqkv, qkv_w, b0, b1, t->qkv, qkv_w, 0);
+  team_wait(t->bar);
+  for (int m = t->tid; m < B; m += t->nt) {
+    float *q = t->qkv + (int64_t)m * qkv_w, *k = q + att_w, *v = k + row;
+    const float *cs = st->cos_sin + st->pos[m] * st->rot_dim;
+    rope_heads(q, H, D, st->rot_dim, cs);
+    rope_heads(k, Hkv, D, st->rot_dim, cs);
+    for (int64_t i = 0; i < row; i++) {
+      L->k_cache[st->slots[m] * row + i] = f32_to_bf16(k[i]);
+      L->v_cache[st->slots[m] * row + i] = f32_to_bf16(v[i]);
+    }
+  }
+  team_wait(t->bar);
+  bf16_attn at = {t->qkv, qkv_w, L->k_cache, L->v_cache, st->block_tables, st->bt_stride,
+                  st->seq_lens, t->att, H, Hkv, D, st->page, st->scale};
+  int u0, u1;
+  block_share(B * Hkv, t->tid, t->nt, &u0, &u1);
+  for (int u = u0; u < u1; u++) attend_unit(&at, u, s, o);
+  team_wait(t->bar);
+  for (int m = t->tid; m < B; m += t->nt) act_row(t->att + (int64_t)m * att_w, 1, att_w, t->act + m * t->as);
+  team_wait(t->bar);
+  /* o projection into qkv's storage (free now), then h += o on this thread's columns */
+  block_share((hid + CB - 1) / CB, t->tid, t->nt, &b0, &b1);
+  gemm_blocks(t->act, t->as, B, (att_w + 1) / 2, L->wo, NULL, hid, b0, b1, t->qkv, hid, 0);
+  int c0 = b0 * CB, c1 = b1 * CB < hid ? b1 * CB : hid;
+  for (int m = 0; m < B; m++)
+    for (int c = c0; c < c1; c++) st->h[(int64_t)m * hid + c] += t->qkv[(int64_t)m * hid + c];
+  team_wait(t->bar);
+  for (int m = t->tid; m < B; m += t->nt)
+    rms_act_row(st->h + (int64_t)m * hid, L->post_norm, hid, st->eps, tmp, t->act + m * t->as);
+  team_wait(t->bar);
+  block_share((2 * I + CB - 1) / CB, t->tid, t->nt, &b0, &b1);
+  gemm_blocks(t->act, t->as, B, (hid + 1) / 2, L->wgu, NULL, 2 * I, b0, b1, t->gu, 2 * I, 0);
+  team_wait(t->bar);
+  for (int m = t->tid; m < B; m += t->nt) {
+    const float *g = t->gu + (int64_t)m * 2 * I;
+    for (int i = 0; i < I; i++) tmp[i] = g[i] / (1.f + expf(-g[i])) * g[I + i];
+    act_row(tmp, 0, I, t->act + m * t->as);
+  }
+  team_wait(t->bar);
+  block_share((hid + CB - 1) / CB, t->tid, t->nt, &b0, &b1);
+  gemm_blocks(t->act, t->as, B, (I + 1) / 2, L->wdown, NULL, hid, b0, b1, t->qkv, hid, 0);
+  c0 = b0 * CB;
+  c1 = b1 * CB < hid ? b1 * CB : hid;
+  for (int m = 0; m < B; m++)
+    for (int c = c0; c < c1; c++) st->h[(int64_t)m * hid + c] += t->qkv[(int64_t)m * hid + c];
+  team_wait(t->bar);
+}
+
+/* One decode step of every layer: h [B, hidden] float32 (the embeddings in, the last layer's
+ * output out), one token per sequence at pos[m], its k/v written at slots[m]. */
+void infer_bf16_decode_layers(const infer_bf16_layer *layers, int n_layers, float *h, int B,
+                              int hidden, int H, int Hkv, int D, int inter, float eps,
+                              const int64_t *pos, const float *cos_sin, int rot_dim,
+                              const int64_t *slots, const int32_t *block_tables, int64_t bt_stride,
+                              const int32_t *seq_lens, int page, float scale) {
+  bf16_step st = {layers, n_layers, B, hidden, H, Hkv, D, inter, rot_dim, page, eps, scale,
+                  h, pos, slots, cos_sin, block_tables, seq_lens, bt_stride};
+  int qkv_w = (H + 2 * Hkv) * D, kmax = hidden > H * D ? hidden : H * D, lmax = 1;
+  kmax = kmax > inter ? kmax : inter;
+  for (int m = 0; m < B; m++) lmax = seq_lens[m] > lmax ? seq_lens[m] : lmax;
+  int64_t as = 2 * ((kmax + 1) / 2);
+  int wide = qkv_w > hidden ? qkv_w : hidden; /* qkv also holds the o / down outputs */
+  act_t *act = (act_t *)malloc(sizeof(act_t) * (size_t)B * as);
+  float *qkv = (float *)malloc(sizeof(float) * (size_t)B * wide);
+  float *gu = (float *)malloc(sizeof(float) * (size_t)B * 2 * inter);
+  bf16 *att = (bf16 *)malloc(sizeof(bf16) * (size_t)B * H * D);
+  team_barrier bar;
+  atomic_init(&bar.arrived, 0);
+  atomic_init(&bar.phase, 0);
+  bar.n = 1;
+#pragma omp parallel num_threads(g_threads)
+  {
+    bf16_team t = {act, qkv, gu, att, as, 0, 1, &bar};
+#ifdef _OPENMP
+    t.tid = omp_get_thread_num();
+    t.nt = omp_get_num_threads();
+#endif
+#pragma omp single
+    bar.n = t.nt; /* the implied barrier publishes it */
+    int G = H / Hkv;
+    float *tmp = (float *)malloc(sizeof(float) * (size_t)kmax);
+    float *s = (float *)malloc(sizeof(float) * (size_t)G * lmax);
+    float *o = (float *)malloc(sizeof(float) * (size_t)G * D);
+    for (int l = 0; l < n_layers; l++) decode_layer(&st, layers + l, &t, tmp, s, o);
+    free(tmp);
+    free(s);
+    free(o);
+  }
+  free(act);
+  free(qkv);
+  free(gu);
+  free(att);
+}
