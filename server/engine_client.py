@@ -79,7 +79,7 @@ class EngineClient:
                 if r == rid or (r.startswith(rid + "-") and r[len(rid) + 1:].isdigit())]
 
     async def abort(self, rid: str | None) -> None:
-        if not self.dead:
+        if not self.dead and not self.push.closed:  # closed: the server is past its shutdown
             await self.push.send_pyobj(ipc.AbortRequest(rid))
 
     async def call(self, op: str, timeout: float = 30.0) -> Any:

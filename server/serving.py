@@ -159,31 +159,60 @@ def _log_request(level: int, job: GenerateJob, finals: dict[int, SeqDelta],
 
 
 async def cancel_on_disconnect(request: Request, gen: AsyncIterator[Any]) -> AsyncIterator[Any]:
-    """Yield from ``gen`` until it ends or the client disconnects; then close ``gen`` (aborting)."""
-    watcher = asyncio.create_task(_disconnected(request))
-    it = gen.__aiter__()
+    """Yield from ``gen`` until it ends or the client disconnects.
+
+    ``gen`` runs in a producer task of its own, and only that task ever steps it: a disconnect
+    (seen by the watcher, or a cancellation of the consumer by the ASGI server) cancels the
+    producer, whose cancellation unwinds ``gen`` down to ``EngineClient.stream``, which sends the
+    abort. So the engine hears of a gone client at once, and no generator is closed while another
+    task is inside it. Invariant: when this generator is closed, the producer has been cancelled.
+    """
+    items: asyncio.Queue = asyncio.Queue()
+    producer = asyncio.create_task(_produce(gen, items))
+    watcher = asyncio.create_task(_watch_disconnect(request, producer))
+    getter: asyncio.Future | None = None
     try:
         while True:
-            nxt = asyncio.ensure_future(it.__anext__())
-            done, _ = await asyncio.wait({nxt, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if nxt not in done:
-                nxt.cancel()
-                await asyncio.gather(nxt, return_exceptions=True)
-                logger.info("client disconnected from %s; request aborted", request.url.path)
+            getter = asyncio.ensure_future(items.get())
+            done, _ = await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if getter not in done:
                 return
-            try:
-                item = nxt.result()
-            except StopAsyncIteration:
+            item = getter.result()
+            if item is _END:
                 return
+            if isinstance(item, _Failed):
+                raise item.error
             yield item
     finally:
-        watcher.cancel()
-        if hasattr(gen, "aclose"):
-            await gen.aclose()
+        for task in (getter, producer, watcher):
+            if task is not None:
+                task.cancel()
 
 
-async def _disconnected(request: Request) -> None:
+_END = object()  # the producer's last item: ``gen`` is exhausted
+
+
+@dataclass
+class _Failed:
+    error: BaseException
+
+
+async def _produce(gen: AsyncIterator[Any], items: asyncio.Queue) -> None:
+    try:
+        async for item in gen:
+            items.put_nowait(item)
+        items.put_nowait(_END)
+    except asyncio.CancelledError:
+        raise
+    except Exception as err:  # noqa: BLE001 - re-raised in the consumer
+        items.put_nowait(_Failed(err))
+
+
+async def _watch_disconnect(request: Request, producer: asyncio.Task) -> None:
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            return
+            break
+    if not producer.done():
+        logger.info("client disconnected from %s; request aborted", request.url.path)
+        producer.cancel()
