@@ -1,4 +1,4 @@
-"""The CUDA plugin's backends through the core interfaces, against the CPU plugin's plain-torch
+"""The CUDA plugin's backends through the core interfaces, against the core's plain-torch
 references (TorchNativeAttention, TorchMoERunner), on fresh random inputs.
 
 Triton backends run compiled on a GPU or under TRITON_INTERPRET=1 on the CPU; FlashInfer only on
@@ -58,7 +58,7 @@ def test_backend_matches_torch_native(backend, dtype, batch, rope):
     from infer.core.model.layers.rotary import rope_table
     from infer.core.ops.attention import RotaryArgs
     from infer.core.ops.layer_ops import rotary_ref
-    from infer_cpu.ops.attention import TorchNativeAttention
+    from infer.core.ops.reference.attention import TorchNativeAttention
 
     if backend == "flashinfer" and dtype == torch.float32:
         pytest.skip("FlashInfer runs fp16/bf16 only")
@@ -116,7 +116,7 @@ def test_backend_matches_torch_native(backend, dtype, batch, rope):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_tokens", [1, 5, 33])
 def test_triton_moe_runner_matches_torch_runner(dtype, num_tokens):
-    from infer_cpu.ops.moe import TorchMoERunner
+    from infer.core.ops.reference.moe import TorchMoERunner
     from infer_cuda.ops.moe import TritonMoERunner
 
     e, k, dim, inter = 8, 2, 64, 96
