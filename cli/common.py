@@ -107,9 +107,12 @@ def _given(ctx: Any, name: str) -> bool:
     return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
-def build_server_args(ctx: Any, values: dict[str, Any]) -> ServerArgs:
+def build_server_args(ctx: Any, values: dict[str, Any],
+                      positional: dict[str, tuple[str, Any]] | None = None) -> ServerArgs:
     """ServerArgs from the parsed server-flag ``values`` of a command (only those given on the
-    command line count as user-set). Raises ConfigError."""
+    command line count as user-set) and ``positional``: dest -> (argument name, value) for a
+    server flag also given as a positional argument (vLLM's ``serve MODEL``; None = not given).
+    Raises ConfigError."""
     user: dict[str, Any] = {}
     spellings: dict[str, str] = {}
     for name, value in values.items():
@@ -134,6 +137,14 @@ def build_server_args(ctx: Any, values: dict[str, Any]) -> ServerArgs:
         if flag:
             spellings[dest] = flag
             user[dest] = user.pop(flag)
+    for dest, (name, value) in (positional or {}).items():
+        if value is None:
+            continue
+        if dest in user and user[dest] != value:
+            raise ConfigError(f"the positional {name} {value!r} and {spellings[dest]} {user[dest]!r} "
+                              f"disagree; give the model once")
+        user[dest] = value
+        spellings.setdefault(dest, name)
     return ServerArgs.build(user, spellings)
 
 
@@ -146,12 +157,13 @@ def _typed_name(ctx: Any, dest: str) -> str:
     return FLAG_SPECS[dest].flag
 
 
-def build_args_or_exit(ctx: Any, values: dict[str, Any]) -> ServerArgs:
+def build_args_or_exit(ctx: Any, values: dict[str, Any],
+                       positional: dict[str, tuple[str, Any]] | None = None) -> ServerArgs:
     """build_server_args, with ConfigError -> exit 2 and deprecation warnings printed."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            args = build_server_args(ctx, values)
+            args = build_server_args(ctx, values, positional)
         except ConfigError as exc:
             fail(str(exc))
     for w in caught:
@@ -193,11 +205,17 @@ def expand_list_flags(args: list[str]) -> list[str]:
     return out
 
 
-def with_server_flags(func: Callable[..., Any]) -> Callable[..., Any]:
+def with_server_flags(func: Callable[..., Any] | None = None, *,
+                      positional: dict[str, str] | None = None) -> Any:
     """Give a Typer command function every server flag; it receives ``server_args=ServerArgs``.
 
-    See the module docstring for an example.
+    ``positional`` maps a positional parameter of ``func`` onto the server flag (its dest) it
+    also sets, e.g. ``{"model": "model_path"}`` for vLLM's ``serve MODEL``: that parameter is
+    consumed here (a user setting, like the flag) and not passed on. See the module docstring.
     """
+    if func is None:
+        return functools.partial(with_server_flags, positional=positional)
+    as_flags = positional or {}
     sig = inspect.signature(func, eval_str=True)
     own = [p for n, p in sig.parameters.items() if n != "server_args"]
     flags = server_flag_parameters()
@@ -211,7 +229,8 @@ def with_server_flags(func: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*a: Any, **kw: Any) -> Any:
         ctx = kw.pop("_infer_ctx")
         values = {k: kw.pop(k) for k in list(kw) if k in flag_names}
-        return func(*a, **kw, server_args=build_args_or_exit(ctx, values))
+        given = {dest: (name.upper(), kw.pop(name, None)) for name, dest in as_flags.items()}
+        return func(*a, **kw, server_args=build_args_or_exit(ctx, values, given))
 
     positional = [p for p in own if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     keyword = [p for p in own if p.kind == p.KEYWORD_ONLY]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Annotated, Optional
 
 import typer
 from infer.cli.common import fail, with_server_flags
@@ -19,9 +20,13 @@ def _configure_logging(args: ServerArgs) -> None:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
-@with_server_flags
-def serve(*, server_args: ServerArgs) -> None:
+@with_server_flags(positional={"model": "model_path"})
+def serve(model: Annotated[Optional[str], typer.Argument(
+              help="The model, as vLLM's `vllm serve MODEL` takes it: the same as --model-path.",
+              metavar="MODEL", show_default=False)] = None,
+          *, server_args: ServerArgs) -> None:
     """Serve a model over HTTP (OpenAI-compatible API). Takes every SGLang server flag."""
+    # MODEL arrives as server_args.model_path (with_server_flags consumes it, as a user setting)
     from infer.core.config.gate import run_gate
     from infer.core.plugins import PlatformSelectionError
 
@@ -47,11 +52,17 @@ def serve(*, server_args: ServerArgs) -> None:
 
 
 def _check_model_source(args: ServerArgs) -> None:
-    """Resolve --model-path (local path, alias, or cached hub repo) before the engine process
-    starts, so a wrong path is one message and exit code 2, not a traceback from the engine."""
-    from infer.core.model.loader.source import ModelSourceError, resolve_source
+    """Resolve --model-path (local path, alias, or cached hub repo), read its config and check
+    --context-length, --tokenizer-path and --trust-remote-code against it before the engine
+    process starts, so a wrong value is one message and exit code 2, not a traceback from the
+    engine. No weight is read."""
+    from infer.core.model.loader.model_config import check_load_settings
+    from infer.core.model.loader.source import ModelSourceError
 
     try:
-        resolve_source(args.model_path, args.load_format, args.revision)
+        check_load_settings(args.model_path, load_format=args.load_format, revision=args.revision,
+                            tokenizer_path=args.tokenizer_path, context_length=args.context_length,
+                            trust_remote_code=args.trust_remote_code,
+                            skip_tokenizer_init=args.skip_tokenizer_init)
     except ModelSourceError as exc:
         fail(str(exc))

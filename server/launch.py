@@ -217,3 +217,9 @@ async def _announce(server: _Server, args: Any, url: str) -> None:
             server.should_exit = True
             return
     print(f"infer server is ready at {url} (model {server.state.model_name!r})", flush=True)
+
+
+if __name__ == "__main__":  # `python -m infer.server.launch ...` is `infer serve ...`
+    from infer.launch_server import main
+
+    main()

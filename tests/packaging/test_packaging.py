@@ -43,7 +43,7 @@ def wheels(tmp_path_factory) -> dict[str, Path]:
     src.mkdir()
     for item in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / item, src / item)
-    for folder in ("core", "server", "cli"):
+    for folder in ("core", "server", "cli", "launcher"):
         shutil.copytree(ROOT / folder, src / folder, ignore=IGNORE)
     shutil.copytree(ROOT / "plugins" / "cpu", tmp / "cpu", ignore=IGNORE)
     house = tmp / "wheelhouse"
@@ -57,9 +57,11 @@ def wheels(tmp_path_factory) -> dict[str, Path]:
 def test_core_wheel_contents(wheels):
     names = set(zipfile.ZipFile(wheels["infer_core"]).namelist())
     for required in ("infer/core/hookspecs.py", "infer/core/plugins.py", "infer/core/support.py",
-                     "infer/core/support_core.yaml", "infer/cli/main.py", "infer/cli/doctor.py",
-                     "infer/server/__init__.py"):
+                     "infer/core/support_core.yaml", "infer/core/config/flags.json",
+                     "infer/cli/main.py", "infer/cli/doctor.py", "infer/server/__init__.py",
+                     "infer/__main__.py", "infer/launch_server.py"):
         assert required in names, required
+    assert "infer/__init__.py" not in names  # infer stays a namespace package
     assert not any(n.startswith(("core/", "cli/", "server/", "tests/")) for n in names)
     meta = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     eps = zipfile.ZipFile(wheels["infer_core"]).read(meta).decode()
@@ -102,6 +104,10 @@ def test_fresh_virtualenv_runs_doctor(wheels, tmp_path):
 
     out = _run([str(env_dir / "bin" / "infer"), "doctor", "--json"], cwd=tmp_path, timeout=120)
     report = json.loads(out.stdout)
+    as_module = _run([str(py), "-m", "infer", "doctor", "--json"], cwd=tmp_path, timeout=120)
+    assert json.loads(as_module.stdout)["active"] == report["active"]  # python -m infer is infer
+    launch = _run([str(py), "-m", "infer.launch_server", "--help"], cwd=tmp_path, timeout=120)
+    assert "--model-path" in launch.stdout
     assert report["active"]["platform"] == "cpu", report["active"]
     plugins = {p["name"]: p for p in report["plugins"]}
     assert plugins["cpu"]["loaded"] and plugins["cpu"]["version"] == "0.1.0"
@@ -125,6 +131,10 @@ def test_editable_install_maps_the_folders():
         spec = importlib.util.find_spec(package)
         assert spec is not None and spec.origin is not None, package
         assert Path(spec.origin).resolve() == (ROOT / folder / "__init__.py").resolve(), package
+    for module, path in (("infer.__main__", "launcher/__main__.py"),
+                         ("infer.launch_server", "launcher/launch_server.py")):
+        spec = importlib.util.find_spec(module)
+        assert spec is not None and Path(spec.origin).resolve() == (ROOT / path).resolve(), module
     assert shutil.which("infer"), "the console script is installed"
 
 

@@ -14,7 +14,6 @@ from typing import Any
 import torch
 from infer.core.model.arch import ModelArch
 from infer.core.model.context import ModelContext
-from infer.core.model.layers.shard import check_model_split, kv_head_slice
 from infer.core.model.loader.dtype import resolve_dtype, resolve_kv_dtype
 from infer.core.model.loader.model_config import context_length_for, load_tokenizer, read_config
 from infer.core.model.loader.source import ModelSource, ModelSourceError, resolve_source
@@ -28,7 +27,7 @@ _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"
                   "presence_penalty", "frequency_penalty", "max_new_tokens")
 
 __all__ = ["LoadedModel", "ModelSourceError", "UnknownArchitectureError", "load_model",
-           "load_model_from_args", "load_model_from_config"]
+           "load_model_from_args"]
 
 
 @dataclass
@@ -83,12 +82,9 @@ def load_model(model_path: str, *, platform: Any = None, host: Any = None, dtype
                max_batch_size: int = 256, dtype_explicit: bool = False,
                skip_tokenizer_init: bool = False, progress: bool = True,
                seed: int = 0, torchao_config: str = "", kv_cache_dtype: str = "auto",
-               quantization_param_path: str | None = None, tp_size: int = 1, tp_rank: int = 0,
-               ep_size: int = 1, comm_group: Any = None) -> LoadedModel:
+               quantization_param_path: str | None = None) -> LoadedModel:
     """Build the model for ``model_path`` on the active platform. Settings carry the SGLang
-    server-argument meanings; errors name the bad value and what to use instead. With
-    ``tp_size`` > 1 this builds and loads rank ``tp_rank``'s shard only (its process group
-    initialised by the caller; ``infer.core.model.layers.shard``)."""
+    server-argument meanings; errors name the bad value and what to use instead."""
     if host is None:
         from infer.core.plugins import get_plugin_host
 
@@ -137,18 +133,15 @@ def load_model(model_path: str, *, platform: Any = None, host: Any = None, dtype
     arch = ModelArch.from_hf_config(config, dtype=torch_dtype, context_length=length,
                                     kv_dtype=resolve_kv_dtype(kv_cache_dtype, torch_dtype))
     arch = ModelArch(**{**arch.__dict__, "architecture": architecture})
-    check_model_split(config, tp_size, ep_size)  # ConfigError before any weight is read
 
-    ctx = ModelContext.build(tp_size=tp_size, tp_rank=tp_rank, ep_size=ep_size,
-                             comm_group=comm_group,
-                             platform=platform, host=host, dtype=torch_dtype,
+    ctx = ModelContext.build(platform=platform, host=host, dtype=torch_dtype,
                              attention_backend=attention_backend,
                              moe_runner_backend=moe_runner_backend, quantization=quantization,
                              load_format=source.load_format,
                              dtype_explicit=dtype_explicit or dtype != "auto")
     ctx.context_length = length
     ctx.create_attention_backend(AttentionConfig(
-        num_heads=arch.num_heads // ctx.tp_size, num_kv_heads=kv_head_slice(arch.num_kv_heads, tp_size, tp_rank).size,
+        num_heads=arch.num_heads // ctx.tp_size, num_kv_heads=arch.num_kv_heads // ctx.tp_size,
         head_dim=arch.head_dim, scale=arch.head_dim ** -0.5, page_size=page_size,
         dtype=torch_dtype, kv_dtype=arch.kv_dtype, device=ctx.device,
         num_layers=arch.num_layers, max_batch_size=max_batch_size, max_context_len=length))
@@ -197,13 +190,22 @@ def _check_quantization(quantization: str, is_gguf: bool) -> None:
                                   f"--quantization gguf or none)")
 
 
-def load_model_from_config(cfg: Any, *, platform: Any = None, host: Any = None) -> LoadedModel:
-    """``load_model`` for a ``LoadConfig`` (infer.core.config.views)."""
-    return load_model(cfg.model_path, platform=platform, host=host, **cfg.load_kwargs())
-
-
 def load_model_from_args(args: Any, *, platform: Any = None, host: Any = None) -> LoadedModel:
-    """``load_model`` for a ServerArgs (its ``LoadConfig`` view)."""
-    from infer.core.config.views import LoadConfig
-
-    return load_model_from_config(LoadConfig.from_server_args(args), platform=platform, host=host)
+    """``load_model`` reading SGLang-named fields off a ServerArgs-like object."""
+    explicit = "dtype" in (getattr(args, "model_fields_set", None) or ()) and args.dtype != "auto"
+    return load_model(
+        args.model_path, platform=platform, host=host, dtype=getattr(args, "dtype", "auto"),
+        load_format=getattr(args, "load_format", "auto"), revision=getattr(args, "revision", None),
+        quantization=getattr(args, "quantization", None),
+        tokenizer_path=getattr(args, "tokenizer_path", None),
+        context_length=getattr(args, "context_length", None),
+        model_impl=getattr(args, "model_impl", "auto"),
+        trust_remote_code=getattr(args, "trust_remote_code", False),
+        attention_backend=getattr(args, "attention_backend", None),
+        moe_runner_backend=getattr(args, "moe_runner_backend", "auto"),
+        page_size=getattr(args, "page_size", None) or 1,
+        max_batch_size=getattr(args, "max_running_requests", None) or 256,
+        dtype_explicit=explicit, skip_tokenizer_init=getattr(args, "skip_tokenizer_init", False),
+        torchao_config=getattr(args, "torchao_config", "") or "",
+        kv_cache_dtype=getattr(args, "kv_cache_dtype", None) or "auto",
+        quantization_param_path=getattr(args, "quantization_param_path", None))
