@@ -17,10 +17,14 @@ class HcclCommunicator(Communicator):
         return x
 
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        """Every rank's x concatenated along ``dim``: one all_gather_into_tensor into [W, *x]."""
+        """Every rank's x concatenated along ``dim``: one all_gather_into_tensor into
+        [W * x.shape[0], ...] (rank-major along dim 0), re-split when ``dim`` is another."""
         if self.world_size == 1:
             return x
         x = x.contiguous()
-        out = torch.empty((self.world_size, *x.shape), dtype=x.dtype, device=x.device)
+        out = torch.empty((self.world_size * x.shape[0], *x.shape[1:]), dtype=x.dtype,
+                          device=x.device)
         dist.all_gather_into_tensor(out, x)
-        return torch.cat(out.unbind(0), dim=dim)
+        if dim in (0, -x.dim()):
+            return out
+        return torch.cat(out.chunk(self.world_size, dim=0), dim=dim)
