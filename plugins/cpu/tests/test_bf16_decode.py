@@ -1,0 +1,139 @@
+"""The bf16 decode stack (``infer_bf16_decode_layers``) against a plain-torch step with the same
+rounding points (GEMM inputs and the KV cache in bf16, everything else float32), on random
+layers: GQA groups, qkv bias, partial rotary, odd sizes, paged caches with shuffled pages and
+sequences of different lengths."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+from infer.core.model.layers.rotary import rope_table
+from infer.core.ops.layer_ops import rms_norm_ref, rotary_ref
+from infer_cpu.kernels import bf16 as kb
+
+pytestmark = pytest.mark.skipif(kb.load() is None, reason=f"bf16 kernels unavailable: {kb.detail()}")
+
+
+@dataclass
+class Dims:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    inter: int
+    rot: int
+    bias: bool
+
+
+def _bf(t: torch.Tensor) -> torch.Tensor:
+    return t.bfloat16().float()
+
+
+def _layer(d: Dims, g: torch.Generator) -> dict[str, torch.Tensor | None]:
+    qkv_w = (d.heads + 2 * d.kv_heads) * d.head_dim
+    scale = d.hidden ** -0.5
+
+    def w(n: int, k: int) -> torch.Tensor:
+        return (torch.randn(n, k, generator=g) * k ** -0.5).bfloat16()
+
+    return {"in_norm": 1 + 0.1 * torch.randn(d.hidden, generator=g),
+            "post_norm": 1 + 0.1 * torch.randn(d.hidden, generator=g),
+            "wqkv": w(qkv_w, d.hidden), "wo": w(d.hidden, d.heads * d.head_dim),
+            "wgu": w(2 * d.inter, d.hidden), "wdown": w(d.hidden, d.inter),
+            "bqkv": torch.randn(qkv_w, generator=g) * scale if d.bias else None}
+
+
+def _reference_step(d: Dims, layers, h, pos, slots, bt, seq_lens, page, cos_sin, kcs, vcs, eps,
+                    scale) -> torch.Tensor:
+    """One decode step in torch: h [B, hidden] float32 -> h after every layer (caches updated)."""
+    b, hd, g = h.shape[0], d.heads * d.head_dim, d.heads // d.kv_heads
+    for lw, kc, vc in zip(layers, kcs, vcs, strict=True):
+        x = _bf(rms_norm_ref(h, lw["in_norm"], eps)[0])
+        qkv = x @ lw["wqkv"].float().t() + (lw["bqkv"] if lw["bqkv"] is not None else 0)
+        q = qkv[:, :hd].reshape(b, d.heads, d.head_dim)
+        k = qkv[:, hd:hd + d.kv_heads * d.head_dim].reshape(b, d.kv_heads, d.head_dim)
+        v = qkv[:, hd + d.kv_heads * d.head_dim:].reshape(b, d.kv_heads, d.head_dim)
+        q, k = rotary_ref(pos, q, k, cos_sin, d.rot)
+        kflat, vflat = kc.view(-1, d.kv_heads, d.head_dim), vc.view(-1, d.kv_heads, d.head_dim)
+        kflat[slots] = k.bfloat16()
+        vflat[slots] = v.bfloat16()
+        outs = []
+        for i in range(b):
+            n = int(seq_lens[i])
+            idx = torch.tensor([int(bt[i, j // page]) * page + j % page for j in range(n)])
+            keys = kflat[idx].float().repeat_interleave(g, dim=1).transpose(0, 1)  # [H, n, D]
+            vals = vflat[idx].float().repeat_interleave(g, dim=1).transpose(0, 1)
+            p = torch.softmax((q[i][:, None, :] @ keys.transpose(1, 2)) * scale, dim=-1)
+            outs.append((p @ vals).reshape(hd))  # [H * D]
+        a = _bf(torch.stack(outs))
+        h = h + a @ lw["wo"].float().t()
+        x = _bf(rms_norm_ref(h, lw["post_norm"], eps)[0])
+        gu = x @ lw["wgu"].float().t()
+        a = _bf(F.silu(gu[:, :d.inter]) * gu[:, d.inter:])
+        h = h + a @ lw["wdown"].float().t()
+    return h
+
+
+CASES = {
+    "smollm2_like": Dims(hidden=96, heads=6, kv_heads=2, head_dim=64, inter=160, rot=64, bias=False),
+    "odd_sizes_bias_mha": Dims(hidden=41, heads=3, kv_heads=3, head_dim=18, inter=37, rot=18,
+                               bias=True),
+    "partial_rotary": Dims(hidden=64, heads=4, kv_heads=1, head_dim=32, inter=48, rot=16,
+                           bias=False),
+}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", list(CASES))
+def test_decode_stack_against_torch_step(case, threads):
+    d = CASES[case]
+    g = torch.Generator().manual_seed(len(case) + threads)
+    n_layers, page, num_pages, eps = 2, 4, 40, 1e-5
+    seq_lens = [1, 5, 9, 16, 23]  # including the new token: page-aligned and not
+    b = len(seq_lens)
+    pages = list(range(1, num_pages))
+    random.Random(threads).shuffle(pages)
+    tables = [[pages.pop() for _ in range((n + page - 1) // page)] for n in seq_lens]
+    width = max(len(t) for t in tables)
+    bt = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    pos = torch.tensor([n - 1 for n in seq_lens], dtype=torch.int64)
+    slots = torch.tensor([t[(n - 1) // page] * page + (n - 1) % page
+                          for t, n in zip(tables, seq_lens, strict=True)], dtype=torch.int64)
+    cos_sin = rope_table(d.rot, 64, {"rope_theta": 10000.0})
+    shape = (num_pages, page, d.kv_heads, d.head_dim)
+    kcs = [torch.randn(shape, generator=g).bfloat16() for _ in range(n_layers)]  # the prefixes
+    vcs = [torch.randn(shape, generator=g).bfloat16() for _ in range(n_layers)]
+    layers = [_layer(d, g) for _ in range(n_layers)]
+    h0 = torch.randn(b, d.hidden, generator=g)
+    scale = d.head_dim ** -0.5
+    ref_k, ref_v = [c.clone() for c in kcs], [c.clone() for c in vcs]
+    want = _reference_step(d, layers, h0.clone(), pos, slots, bt, torch.tensor(seq_lens), page,
+                           cos_sin, ref_k, ref_v, eps, scale)
+
+    packed = [{name: kb.pack(lw[name]) for name in ("wqkv", "wo", "wgu", "wdown")} for lw in layers]
+    table = (kb.Layer * n_layers)()
+    for i, (lw, pk) in enumerate(zip(layers, packed, strict=True)):
+        table[i] = kb.Layer(lw["in_norm"].data_ptr(), lw["post_norm"].data_ptr(),
+                            *(pk[n].data.data_ptr() for n in ("wqkv", "wo", "wgu", "wdown")),
+                            lw["bqkv"].data_ptr() if lw["bqkv"] is not None else None,
+                            kcs[i].data_ptr(), vcs[i].data_ptr())
+    h, lens = h0.clone(), torch.tensor(seq_lens, dtype=torch.int32)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        kb.lib_for_call().infer_bf16_decode_layers(
+            table, n_layers, h.data_ptr(), b, d.hidden, d.heads, d.kv_heads, d.head_dim, d.inter,
+            eps, pos.data_ptr(), cos_sin.data_ptr(), d.rot, slots.data_ptr(), bt.data_ptr(),
+            bt.stride(0), lens.data_ptr(), page, scale)
+    finally:
+        torch.set_num_threads(old)
+    # the same rounding points: only float32 summation order differs (and through it, now and
+    # then, one bf16 rounding of a GEMM input or cache entry)
+    rel = ((h - want).norm() / (want - h0).norm()).item()
+    assert rel < 2e-4, f"relative error of the step's update {rel:.2e}"
+    for mine, ref in zip(kcs + vcs, ref_k + ref_v, strict=True):
+        torch.testing.assert_close(mine.float(), ref.float(), rtol=2 ** -7, atol=1e-3)

@@ -1,0 +1,155 @@
+"""The bf16 kernels (infer_cpu.kernels.bf16) against plain torch: the pair-packed layout, the
+GEMM on every ISA path this compiler can build here (M 1..64, odd K, N tails, threads, strides,
+float32/bf16 in and out, bias), the whole bf16 decode stack against a torch reference of the
+same step, and the fall-back contract (an input a kernel does not take gives None)."""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+import subprocess
+
+import pytest
+import torch
+from infer_cpu.kernels import bf16 as kb
+from infer_cpu.native_build import BF16_SOURCE, compiler
+
+pytestmark = pytest.mark.skipif(kb.load() is None, reason=f"bf16 kernels unavailable: {kb.detail()}")
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _case(m: int, k: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = _gen(seed)
+    w = torch.randn(n, k, generator=g).bfloat16()
+    x = torch.randn(m, k, generator=g) * torch.rand(m, 1, generator=g) * 4  # row scales differ
+    return x, w, torch.randn(n, generator=g)
+
+
+def _check_gemm(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """y against the exact product of the bf16-rounded activations (float64): within the float32
+    summation bound (K + 1) * 2^-23 * (sum |x_k w_k| + |bias|) per element, plus half a bf16 ulp
+    for bf16 y."""
+    xb = x.bfloat16().double()
+    b = bias.double() if bias is not None else torch.zeros(w.shape[0], dtype=torch.float64)
+    want = xb @ w.double().t() + b
+    bound = (x.shape[1] + 1) * 2.0 ** -23 * (xb.abs() @ w.double().abs().t() + b.abs()) + 1e-30
+    if y.dtype == torch.bfloat16:
+        bound = bound + want.abs() * 2.0 ** -8
+    err = (y.double() - want).abs()
+    assert (err <= bound).all(), f"max excess {(err - bound).max().item():.3e}"
+
+
+def test_pack_layout_and_round_trip():
+    w = torch.randn(37, 11).bfloat16()
+    p = kb.pack(w)
+    assert p.data.shape == (3, 6, 16, 2)  # ceil(37 / 16) blocks, ceil(11 / 2) pairs
+    for n, k in [(0, 0), (5, 7), (17, 10), (36, 3), (20, 9)]:
+        assert p.data[n // 16, k // 2, n % 16, k % 2] == w[n, k]
+    assert (p.data[2, :, 5:] == 0).all() and (p.data[:, 5, :, 1] == 0).all()  # padding
+    assert torch.equal(p.unpack(), w)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 17, 33, 64])
+@pytest.mark.parametrize("k,n", [(576, 67), (37, 16), (1, 5), (129, 130)])
+def test_gemm_float32_in_out(m, k, n):
+    x, w, bias = _case(m, k, n, seed=1000 * m + k + n)
+    _check_gemm(kb.gemm(x, kb.pack(w), bias), x, w, bias)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m", [1, 6, 40])
+def test_gemm_bf16_in_out_threads_and_strided_rows(threads, m):
+    x, w, _ = _case(m, 301, 150, seed=m + threads)
+    big = torch.zeros(m, 400, dtype=torch.bfloat16)
+    big[:, 7:308] = x.bfloat16()
+    xs = big[:, 7:308]  # rows of stride 400
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = kb.gemm(xs, kb.pack(w))
+        y32 = kb.gemm(xs, kb.pack(w), out_dtype=torch.float32)
+    finally:
+        torch.set_num_threads(old)
+    assert y.dtype == torch.bfloat16 and y32.dtype == torch.float32
+    _check_gemm(y, x, w, None)
+    _check_gemm(y32, x, w, None)
+
+
+def test_gemm_rounds_activations_to_nearest_even():
+    """float32 activations halfway between two bf16 values round to the even one (as torch)."""
+    x = torch.tensor([[1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 3.0]])
+    w = torch.eye(4).bfloat16()
+    y = kb.gemm(x, kb.pack(w))
+    assert torch.equal(y, x.bfloat16().float())
+
+
+def test_gemm_empty_batch():
+    assert kb.gemm(torch.zeros(0, 8), kb.pack(torch.ones(3, 8))).shape == (0, 3)
+
+
+def test_inputs_the_kernel_does_not_take_give_none():
+    p = kb.pack(torch.randn(8, 16))
+    assert kb.gemm(torch.randn(2, 16, dtype=torch.float16), p) is None
+    assert kb.gemm(torch.randn(2, 15), p) is None  # wrong K
+    assert kb.gemm(torch.randn(16, 2).t(), p) is None  # column-strided
+    assert kb.gemm(torch.randn(2, 16), p, torch.randn(8, dtype=torch.bfloat16)) is None  # bias dtype
+    assert kb.gemm(torch.randn(2, 16), p, torch.randn(7)) is None  # bias size
+    assert kb.gemm(torch.empty(2, 16, device="meta"), p) is None
+
+
+# -- the other ISA paths, compiled here with fewer flags -------------------------------------------
+
+def _compile(tmp_path_factory, name: str, flags: list[str]) -> ctypes.CDLL:
+    cc = compiler()
+    if cc is None or platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("needs a C compiler on x86-64")
+    out = tmp_path_factory.mktemp(name) / f"lib{name}.so"
+    subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", str(out), str(BF16_SOURCE), "-lm"],
+                   check=True, capture_output=True)
+    return kb.bind(ctypes.CDLL(str(out)))
+
+
+@pytest.fixture(scope="module")
+def avx2_lib(tmp_path_factory) -> ctypes.CDLL:
+    lib = _compile(tmp_path_factory, "avx2", ["-O3", "-mavx2", "-mfma", "-fopenmp"])
+    assert lib.infer_bf16_isa() == 2
+    return lib
+
+
+@pytest.fixture(scope="module")
+def portable_lib(tmp_path_factory) -> ctypes.CDLL:
+    lib = _compile(tmp_path_factory, "portable", ["-O2"])
+    assert lib.infer_bf16_isa() == 0
+    return lib
+
+
+def _gemm_with(lib: ctypes.CDLL, x: torch.Tensor, p: kb.PackedBF16, bias: torch.Tensor | None,
+               out_dtype: torch.dtype) -> torch.Tensor:
+    lib.infer_bf16_set_threads(2)
+    y = torch.empty(x.shape[0], p.out_features, dtype=out_dtype)
+    lib.infer_bf16_gemm(x.data_ptr(), int(x.dtype == torch.bfloat16), x.stride(0), x.shape[0],
+                        p.in_features, p.data.data_ptr(),
+                        bias.data_ptr() if bias is not None else None, p.out_features,
+                        y.data_ptr(), int(out_dtype == torch.bfloat16), p.out_features)
+    return y
+
+
+@pytest.mark.skipif("avx2" not in open("/proc/cpuinfo").read(), reason="CPU without AVX2")
+@pytest.mark.parametrize("m", [1, 3, 4, 9])
+@pytest.mark.parametrize("k,n", [(576, 67), (37, 16), (1, 5)])
+def test_avx2_path(avx2_lib, m, k, n):
+    x, w, bias = _case(m, k, n, seed=7 * m + k)
+    _check_gemm(_gemm_with(avx2_lib, x, kb.pack(w), bias, torch.float32), x, w, bias)
+    _check_gemm(_gemm_with(avx2_lib, x.bfloat16(), kb.pack(w), None, torch.bfloat16), x, w, None)
+
+
+@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("k,n", [(63, 33), (2, 17)])
+def test_portable_c_path(portable_lib, m, k, n):
+    x, w, bias = _case(m, k, n, seed=11 * m + k)
+    _check_gemm(_gemm_with(portable_lib, x, kb.pack(w), bias, torch.float32), x, w, bias)
+    _check_gemm(_gemm_with(portable_lib, x.bfloat16(), kb.pack(w), None, torch.bfloat16), x, w,
+                None)
