@@ -13,7 +13,11 @@ Built from keyword settings (or a ServerArgs with the same field names) plus the
   ``gguf_raw`` (see ``infer.core.model.layers.linear``). ``dense_linear_method`` is always the
   unquantized method (router gates, LM head).
 - ``moe_runner``: ``host.registries.moe[moe_runner_backend]`` (default ``"auto"``).
-- ``comm``: the communicator for ``platform.dist_backend`` (world size ``tp_size``).
+- ``comm``: the communicator for ``platform.dist_backend`` over the ``tp_size`` ranks of the
+  tensor-parallel group (``comm_group``: a torch.distributed group, None for the default group,
+  which the caller initialises with ``platform.dist_backend`` before building a context with
+  tp_size > 1). ``tp_rank`` picks this rank's shard and ``ep_size`` the expert-parallel split
+  (``infer.core.model.layers.shard``).
 - ``ops``: per-layer ops (``infer.core.ops.layer_ops``): the platform's fused kernels where a
   plugin registers them through ``register_layer_ops``, else the torch references.
 
@@ -65,6 +69,7 @@ class ModelContext:
     comm: Communicator
     tp_size: int = 1
     tp_rank: int = 0
+    ep_size: int = 1  # expert-parallel groups inside the tp ranks (divides tp_size)
     context_length: int | None = None  # longest sequence; sizes the rotary table
     attn_backend: AttentionBackend | None = field(default=None)
     ops: LayerOps = REFERENCE_OPS  # RMSNorm / rotary / SiLU gate (platform kernels or torch)
@@ -73,8 +78,12 @@ class ModelContext:
     def build(cls, *, platform: Platform, host: PluginHost, dtype: torch.dtype,
               attention_backend: str | None = None, moe_runner_backend: str | None = "auto",
               quantization: str | None = None, load_format: str = "auto",
-              dtype_explicit: bool = False, tp_size: int = 1, tp_rank: int = 0) -> ModelContext:
+              dtype_explicit: bool = False, tp_size: int = 1, tp_rank: int = 0,
+              ep_size: int = 1, comm_group: Any = None) -> ModelContext:
         """Resolve every implementation; raises ModelContextError for an unavailable name."""
+        if not 0 <= tp_rank < tp_size or tp_size % ep_size:
+            raise ModelContextError(f"tp_rank {tp_rank} / tp_size {tp_size} / ep_size {ep_size}: "
+                                    "need 0 <= tp_rank < tp_size and ep_size dividing tp_size")
         reg = host.registries
         device = torch.device(platform.torch_device)
         attn_name = attention_backend or platform.default_attention_backend
@@ -91,27 +100,33 @@ class ModelContext:
                      LinearConfig(quantization=None, dtype=dtype, device=device)))
         moe_name = moe_runner_backend or "auto"
         moe = _pick(reg.moe, moe_name, platform, "MoE runner", "--moe-runner-backend")()
-        comm = _pick(reg.communicators, platform.dist_backend, platform, "communicator",
-                     "communicator")(tp_size, tp_rank)
+        comm_factory = _pick(reg.communicators, platform.dist_backend, platform, "communicator",
+                             "communicator")
+        comm = (comm_factory(tp_size, tp_rank) if comm_group is None
+                else comm_factory(tp_size, tp_rank, group=comm_group))
         return cls(platform=platform, host=host, dtype=dtype, device=device,
                    attention_backend_name=attn_name, attention_factory=attn_factory,
                    quantization=quant_key, linear_method=linear, dense_linear_method=dense,
                    moe_runner_name=moe_name, moe_runner=moe, comm=comm,
-                   tp_size=tp_size, tp_rank=tp_rank,
+                   tp_size=tp_size, tp_rank=tp_rank, ep_size=ep_size,
                    ops=LayerOps.with_kernels({name: Registries.pick(reg.layer_ops, name, platform.name)
                                               for name in OPS}))
 
     @classmethod
     def from_server_args(cls, args: Any, *, platform: Platform, host: PluginHost,
                          dtype: torch.dtype, load_format: str = "auto",
-                         dtype_explicit: bool = False) -> ModelContext:
-        """Same as ``build`` reading SGLang-named fields off a ServerArgs-like object."""
+                         dtype_explicit: bool = False, tp_rank: int = 0,
+                         comm_group: Any = None) -> ModelContext:
+        """Same as ``build`` reading SGLang-named fields off a ServerArgs-like object (the rank
+        and its group come from the executor that started it)."""
         return cls.build(platform=platform, host=host, dtype=dtype,
                          attention_backend=getattr(args, "attention_backend", None),
                          moe_runner_backend=getattr(args, "moe_runner_backend", "auto"),
                          quantization=getattr(args, "quantization", None),
                          load_format=load_format, dtype_explicit=dtype_explicit,
-                         tp_size=getattr(args, "tp_size", 1) or 1)
+                         tp_size=getattr(args, "tp_size", 1) or 1,
+                         ep_size=getattr(args, "ep_size", 1) or 1, tp_rank=tp_rank,
+                         comm_group=comm_group)
 
     def create_attention_backend(self, config: AttentionConfig) -> AttentionBackend:
         """Create the model's one attention backend (stored as ``attn_backend``)."""

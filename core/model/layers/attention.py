@@ -3,6 +3,7 @@
 ``DecoderAttention`` = fused QKV projection -> optional per-head q/k RMSNorm (Qwen3) -> rotary ->
 backend (writes this layer's new k/v into the cache, attends over prefix + new tokens) -> o_proj.
 Every attention layer of a model shares ``ctx.attn_backend``; the model runner plans it per batch.
+With tensor parallelism a rank holds H/tp query heads and its KV head(s) (``layers.shard``).
 A backend with ``fuses_rotary`` gets q and k unrotated plus the rotary table and applies it in its
 own cache-write kernel (one launch instead of three on CUDA).
 """
@@ -12,11 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from infer.core.ops.forward_batch import ForwardBatch
 from infer.core.model.layers.linear import QKVParallelLinear, RowParallelLinear
 from infer.core.model.layers.norm import RMSNorm
 from infer.core.model.layers.rotary import RotaryEmbedding
+from infer.core.model.layers.shard import kv_head_slice
 from infer.core.ops.attention import RotaryArgs
+from infer.core.ops.forward_batch import ForwardBatch
 from torch import nn
 
 
@@ -28,7 +30,7 @@ class DecoderAttention(nn.Module):
         self.layer_id = layer_id
         self.ctx = ctx
         self.num_heads = num_heads // ctx.tp_size  # this rank's query heads
-        self.num_kv_heads = num_kv_heads // ctx.tp_size
+        self.num_kv_heads = kv_head_slice(num_kv_heads, ctx.tp_size, ctx.tp_rank).size
         self.head_dim = head_dim
         self.q_size, self.kv_size = self.num_heads * head_dim, self.num_kv_heads * head_dim
         self.qkv_proj = QKVParallelLinear(hidden_size, head_dim, num_heads, num_kv_heads,

@@ -1,7 +1,15 @@
 """Sparse MoE block: a softmax router picks top-k experts per token; the platform's MoE runner
 computes the experts from stacked weights w13 [E, 2I, D] (gate rows, then up rows) and
 w2 [E, D, I]. ``renormalize`` rescales the k chosen probabilities to sum to 1 (Mixtral always,
-Qwen3-MoE when ``norm_topk_prob``)."""
+Qwen3-MoE when ``norm_topk_prob``).
+
+Across ranks (``layers.shard.ExpertShard``): a rank holds E/ep experts, each with I/(tp/ep) of its
+intermediate rows, so its w13 is [E/ep, 2I/(tp/ep), D] and w2 [E/ep, D, I/(tp/ep)]. The router
+is replicated and every rank routes the same (replicated) tokens. With ep > 1 the (token,
+expert) assignments that land on this rank's experts are gathered into rows of one expert each
+(k = 1 for the runner) and their outputs scattered back; the partial outputs of all ranks are
+summed by one all-reduce through the platform communicator.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +17,8 @@ from typing import Any
 
 import torch
 from infer.core.model.layers.linear import ReplicatedLinear
+from infer.core.model.layers.shard import ExpertShard
+from infer.core.model.loader.weights import materialize
 from torch import nn
 
 
@@ -16,39 +26,77 @@ class SparseMoE(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int,
                  renormalize: bool, ctx: Any) -> None:
         super().__init__()
-        if ctx.tp_size != 1:
-            raise NotImplementedError("MoE layers run with tensor-parallel size 1 only")
         if ctx.quantization == "fp8":
             raise NotImplementedError("--quantization fp8 quantizes dense linear layers only; the MoE "
                                       "runners have no fp8 expert GEMM, so MoE models are refused "
                                       "rather than served with unquantized experts (drop --quantization)")
         self.top_k, self.renormalize = top_k, renormalize
-        self.intermediate_size = intermediate_size
+        self.num_experts, self.intermediate_size = num_experts, intermediate_size
+        self.tp_size, self.ep_size = ctx.tp_size, getattr(ctx, "ep_size", 1)
+        self.shard = ExpertShard.for_rank(num_experts, intermediate_size, ctx.tp_size,
+                                          ctx.tp_rank, self.ep_size)
+        self.comm = ctx.comm
         self.runner = ctx.moe_runner
         self.gate = ReplicatedLinear(hidden_size, num_experts, bias=False,
                                      method=ctx.dense_linear_method)
         kw = {"dtype": ctx.dtype, "device": ctx.device}
-        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size, **kw),
-                                requires_grad=False)
-        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size, **kw),
-                               requires_grad=False)
+        n, i = self.shard.num_experts, self.shard.inter.size
+        self.w13 = nn.Parameter(torch.empty(n, 2 * i, hidden_size, **kw), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(n, hidden_size, i, **kw), requires_grad=False)
 
-    def load_expert(self, expert: int, which: str, loaded: torch.Tensor) -> None:
+    def load_expert(self, expert: int, which: str, loaded: Any) -> None:
         """which: "gate" [I, D], "up" [I, D] or "down" [D, I] of one expert; "gate_up" [E, 2I, D]
-        or "down_all" [E, D, I] for checkpoints that already stack the experts."""
-        i = self.intermediate_size
-        dest = {"gate": lambda: self.w13.data[expert, :i], "up": lambda: self.w13.data[expert, i:],
-                "down": lambda: self.w2.data[expert], "gate_up": lambda: self.w13.data,
-                "down_all": lambda: self.w2.data}[which]()
+        or "down_all" [E, D, I] for checkpoints that already stack the experts. Only this rank's
+        experts and intermediate slice are read; other experts are skipped."""
+        s, full = self.shard, self.intermediate_size
+        rows, i = s.inter, s.inter.size
+        if which in ("gate_up", "down_all"):
+            if loaded.shape[0] != self.num_experts:
+                raise ValueError(f"expert weight {which}: checkpoint has {loaded.shape[0]} experts, "
+                                 f"model {self.num_experts}")
+            loaded = loaded.narrow(0, s.first_expert, s.num_experts)
+            if which == "down_all":
+                self._copy(self.w2.data, loaded.narrow(2, rows.start, i), which)
+                return
+            self._copy(self.w13.data[:, :i], loaded.narrow(1, rows.start, i), which)
+            self._copy(self.w13.data[:, i:], loaded.narrow(1, full + rows.start, i), which)
+            return
+        local = s.local(expert)
+        if local is None:
+            return  # held by another expert-parallel rank
+        if which == "down":
+            self._copy(self.w2.data[local], loaded.narrow(1, rows.start, i), which)
+        else:
+            dest = self.w13.data[local, :i] if which == "gate" else self.w13.data[local, i:]
+            self._copy(dest, loaded.narrow(0, rows.start, i), which)
+
+    @staticmethod
+    def _copy(dest: torch.Tensor, loaded: Any, which: str) -> None:
         if dest.shape != loaded.shape:
             raise ValueError(f"expert weight {which} shape mismatch: checkpoint "
                              f"{tuple(loaded.shape)}, model {tuple(dest.shape)}")
-        dest.copy_(loaded)
+        dest.copy_(materialize(loaded))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, D] -> [T, D]."""
+        """x [T, D] (the same on every rank) -> [T, D]."""
         probs = torch.softmax(self.gate(x).float(), dim=-1)  # [T, E]
         weights, ids = torch.topk(probs, self.top_k, dim=-1)  # [T, k]
         if self.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        return self.runner.apply(x, self.w13, self.w2, weights, ids)
+        if self.ep_size == 1:
+            out = self.runner.apply(x, self.w13, self.w2, weights, ids)
+        else:
+            out = self._local_experts(x, weights, ids)
+        return self.comm.all_reduce(out) if self.tp_size > 1 else out
+
+    def _local_experts(self, x: torch.Tensor, weights: torch.Tensor,
+                       ids: torch.Tensor) -> torch.Tensor:
+        """The assignments routed to this rank's experts, one runner row each -> partial [T, D]."""
+        local = ids - self.shard.first_expert  # [T, k]
+        token, slot = ((local >= 0) & (local < self.shard.num_experts)).nonzero(as_tuple=True)
+        out = torch.zeros_like(x)
+        if token.numel():
+            y = self.runner.apply(x.index_select(0, token), self.w13, self.w2,
+                                  weights[token, slot, None], local[token, slot, None])  # [M, D]
+            out.index_add_(0, token, y.to(out.dtype))
+        return out

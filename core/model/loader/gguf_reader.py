@@ -3,8 +3,9 @@ Hugging Face names and dequantised.
 
 llama.cpp stores Llama's q/k projection rows interleaved for its rotary layout; they are put back
 in Hugging Face order (``unpermute``) on the dequantised weight and on the raw block rows alike.
-A tensor from a quantized block type carries ``gguf_qtype`` and ``gguf_raw`` (uint8 [rows,
-bytes_per_row]) as attributes, for the linear layers' GGUF seam.
+Tensors are yielded unread (``GGUFTensor``): a rank reads and dequantises only its slice, and a
+quantized slice carries ``gguf_qtype`` and ``gguf_raw`` (uint8 [rows, bytes_per_row]) as
+attributes, for the linear layers' GGUF seam.
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import gguf
-import numpy as np
 import torch
-from infer.core.model.loader.gguf_quants import QUANTIZED_TYPES, dequantize
+from infer.core.model.loader.weights import GGUFTensor
 from tqdm.auto import tqdm
 
 _LAYER = {
@@ -84,9 +84,10 @@ class GGUFCheckpoint:
             return f"{prefix}{moe_module}.experts.*.{_EXPERTS[rest]}.weight"
         return None
 
-    def tensors(self, config: Any, progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-        """(Hugging Face name, float32 tensor) pairs; stacked expert tensors [E, ...] are split
-        per expert. Unknown tensor names are an error."""
+    def tensors(self, config: Any, progress: bool = True) -> Iterator[tuple[str, GGUFTensor]]:
+        """(Hugging Face name, lazy tensor) pairs, read and dequantised only when a layer
+        materializes its slice (``infer.core.model.loader.weights``); stacked expert tensors
+        [E, ...] are yielded per expert. Unknown tensor names are an error."""
         moe_module = "block_sparse_moe" if config.model_type == "mixtral" else "mlp"
         permute = self.arch == "llama"
         heads = config.num_attention_heads
@@ -96,17 +97,11 @@ class GGUFCheckpoint:
             if name is None:
                 raise KeyError(f"GGUF tensor {t.name!r} ({self.arch}) has no Hugging Face mapping")
             shape = tuple(int(s) for s in reversed(t.shape))  # numpy order [out, in]
-            qtype = gguf.GGMLQuantizationType(t.tensor_type)
-            raw = torch.from_numpy(np.array(t.data))  # own copy of the (small) stored data
-            weight = dequantize(raw, qtype, shape)
             n_perm = heads if ".q_proj." in name else kv_heads if ".k_proj." in name else 0
-            if permute and n_perm:
-                weight = unpermute(weight, n_perm)
-                raw = unpermute(raw, n_perm)
+            tensor = GGUFTensor(name, t.data, gguf.GGMLQuantizationType(t.tensor_type), shape,
+                                unpermute_heads=n_perm if permute else 0)
             if "*" in name:
-                for e in range(weight.shape[0]):
-                    yield name.replace("*", str(e)), weight[e]
+                for e in range(shape[0]):
+                    yield name.replace("*", str(e)), tensor[e]
                 continue
-            if qtype in QUANTIZED_TYPES and weight.dim() == 2:
-                weight.gguf_qtype, weight.gguf_raw = qtype, raw
-            yield name, weight
+            yield name, tensor

@@ -6,7 +6,8 @@
 A model file subclasses it and supplies ``make_layer``. ``load_weights`` takes checkpoint
 (name, tensor) pairs with Hugging Face names, fuses q/k/v and gate/up into their merged layers and
 stacks per-expert MoE weights; a tensor with no place in the model, or a parameter that nothing
-filled, is an error.
+filled, is an error. Checkpoint tensors may be lazy (``loader.weights.CheckpointTensor``): each
+layer reads only the slice its tensor-parallel rank holds (``layers.shard``).
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from infer.core.ops.forward_batch import ForwardBatch
 from infer.core.model.arch import config_context_length, rope_parameters
 from infer.core.model.layers.embedding import LMHead, VocabEmbedding
 from infer.core.model.layers.linear import LinearBase
 from infer.core.model.layers.moe import SparseMoE
 from infer.core.model.layers.norm import RMSNorm
 from infer.core.model.layers.rotary import RotaryEmbedding
+from infer.core.model.loader.weights import materialize
+from infer.core.ops.forward_batch import ForwardBatch
 from torch import nn
 
 # checkpoint sub-name -> (fused module sub-name, shard id)
@@ -97,14 +99,14 @@ class DecoderOnlyLM(nn.Module):
             if mod is None or not hasattr(mod, param):
                 raise KeyError(f"checkpoint tensor {name!r} has no place in "
                                f"{type(self).__name__}")
-            if isinstance(mod, LinearBase):
-                mod.load(param, tensor, shard)
+            if isinstance(mod, (LinearBase, VocabEmbedding, LMHead)):
+                mod.load(param, tensor, shard)  # this rank's slice only
             else:
                 dest = getattr(mod, param)
                 if dest.shape != tensor.shape:
                     raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)}, model "
                                      f"{tuple(dest.shape)}")
-                dest.data.copy_(tensor)
+                dest.data.copy_(materialize(tensor))
             loaded.add(name)
         missing = [n for n, _ in self.named_parameters() if n not in loaded]
         if missing:

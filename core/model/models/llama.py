@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from infer.core.ops.forward_batch import ForwardBatch
 from infer.core.model.layers.attention import DecoderAttention
 from infer.core.model.layers.mlp import GatedMLP
 from infer.core.model.layers.norm import RMSNorm
 from infer.core.model.models.base import DecoderOnlyLM
+from infer.core.ops.forward_batch import ForwardBatch
 from infer.core.ops.layer_ops import LayerOps
 from torch import nn
 
