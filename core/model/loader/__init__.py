@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from infer.core.model.arch import ModelArch
 from infer.core.model.context import ModelContext
+from infer.core.model.layers.shard import check_model_split, kv_head_slice
 from infer.core.model.loader.dtype import resolve_dtype, resolve_kv_dtype
 from infer.core.model.loader.model_config import context_length_for, load_tokenizer, read_config
 from infer.core.model.loader.source import ModelSource, ModelSourceError, resolve_source
@@ -82,9 +83,12 @@ def load_model(model_path: str, *, platform: Any = None, host: Any = None, dtype
                max_batch_size: int = 256, dtype_explicit: bool = False,
                skip_tokenizer_init: bool = False, progress: bool = True,
                seed: int = 0, torchao_config: str = "", kv_cache_dtype: str = "auto",
-               quantization_param_path: str | None = None) -> LoadedModel:
+               quantization_param_path: str | None = None, tp_size: int = 1, tp_rank: int = 0,
+               ep_size: int = 1, comm_group: Any = None) -> LoadedModel:
     """Build the model for ``model_path`` on the active platform. Settings carry the SGLang
-    server-argument meanings; errors name the bad value and what to use instead."""
+    server-argument meanings; errors name the bad value and what to use instead. With
+    ``tp_size`` > 1 this builds and loads rank ``tp_rank``'s shard only (its process group
+    initialised by the caller; ``infer.core.model.layers.shard``)."""
     if host is None:
         from infer.core.plugins import get_plugin_host
 
@@ -133,15 +137,18 @@ def load_model(model_path: str, *, platform: Any = None, host: Any = None, dtype
     arch = ModelArch.from_hf_config(config, dtype=torch_dtype, context_length=length,
                                     kv_dtype=resolve_kv_dtype(kv_cache_dtype, torch_dtype))
     arch = ModelArch(**{**arch.__dict__, "architecture": architecture})
+    check_model_split(config, tp_size, ep_size)  # ConfigError before any weight is read
 
-    ctx = ModelContext.build(platform=platform, host=host, dtype=torch_dtype,
+    ctx = ModelContext.build(tp_size=tp_size, tp_rank=tp_rank, ep_size=ep_size,
+                             comm_group=comm_group,
+                             platform=platform, host=host, dtype=torch_dtype,
                              attention_backend=attention_backend,
                              moe_runner_backend=moe_runner_backend, quantization=quantization,
                              load_format=source.load_format,
                              dtype_explicit=dtype_explicit or dtype != "auto")
     ctx.context_length = length
     ctx.create_attention_backend(AttentionConfig(
-        num_heads=arch.num_heads // ctx.tp_size, num_kv_heads=arch.num_kv_heads // ctx.tp_size,
+        num_heads=arch.num_heads // ctx.tp_size, num_kv_heads=kv_head_slice(arch.num_kv_heads, tp_size, tp_rank).size,
         head_dim=arch.head_dim, scale=arch.head_dim ** -0.5, page_size=page_size,
         dtype=torch_dtype, kv_dtype=arch.kv_dtype, device=ctx.device,
         num_layers=arch.num_layers, max_batch_size=max_batch_size, max_context_len=length))
