@@ -83,15 +83,20 @@ class Registries:
     models: dict[str, Any] = field(default_factory=dict)
 
     @staticmethod
-    def pick(table: dict, key: Any, platform: str) -> Any | None:
-        """The factory registered under ``key`` that runs on ``platform``: one registered for this
-        platform by name wins over one registered for every platform (the core's references)
-        whichever loaded first; among equals the last one wins. A ``"module:attr"`` registration
-        is imported here (``load_target``)."""
+    def chosen(table: dict, key: Any, platform: str) -> Contribution | None:
+        """The contribution under ``key`` that ``platform`` uses: one registered for this platform
+        by name wins over one registered for every platform (the core's references) whichever
+        loaded first; among equals the last one wins. Nothing is imported."""
         candidates = [c for c in table.get(key, []) if c.runs_on(platform)]
         named = [c for c in candidates if c.platforms is not None]
-        chosen = (named or candidates)[-1:]
-        return load_target(chosen[0].factory) if chosen else None
+        return (named or candidates or [None])[-1]
+
+    @staticmethod
+    def pick(table: dict, key: Any, platform: str) -> Any | None:
+        """The factory of ``chosen(table, key, platform)``; a ``"module:attr"`` registration is
+        imported here (``load_target``)."""
+        c = Registries.chosen(table, key, platform)
+        return None if c is None else load_target(c.factory)
 
     @staticmethod
     def names_for(table: dict, platform: str) -> list:
