@@ -3,13 +3,8 @@ None for inputs its kernel does not take, and the core's reference runs instead.
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 import torch_npu
-
-# rotary tables converted to an activation dtype, per table tensor
-_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -23,7 +18,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 
 def _table(cos_sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    by_dtype = _TABLES.setdefault(cos_sin, {})
+    """The rotary table in the activation dtype (the kernel's), converted once and kept on the
+    table tensor itself (so it lives exactly as long as the table)."""
+    by_dtype = cos_sin.__dict__.setdefault("_ascend_by_dtype", {})
     if dtype not in by_dtype:
         by_dtype[dtype] = cos_sin.to(dtype).contiguous()
     return by_dtype[dtype]

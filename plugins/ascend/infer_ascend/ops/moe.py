@@ -23,20 +23,17 @@ all-reduce adds the ranks' partial sums.
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 import torch_npu
 from infer.core.ops.moe import MoERunner
 
-_LAYOUT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
 
 def kn_layout(w: torch.Tensor) -> torch.Tensor:
-    """[E, N, K] (the layer's layout) -> contiguous [E, K, N], made once per weight tensor."""
-    hit = _LAYOUT.get(w)
+    """[E, N, K] (the layer's layout) -> contiguous [E, K, N], made once per weight tensor and
+    kept on it (the core's MoE layer keeps the parameter; nothing transposes per call)."""
+    hit = w.__dict__.get("_ascend_kn")
     if hit is None:
-        hit = _LAYOUT[w] = w.detach().transpose(1, 2).contiguous()
+        hit = w.__dict__["_ascend_kn"] = w.detach().transpose(1, 2).contiguous()
     return hit
 
 
