@@ -82,6 +82,11 @@ class Platform:
         """Bytes of device memory free for weights and KV cache on one device."""
         return self.info.memory_bytes
 
+    def bind_local_rank(self, local_rank: int, local_world_size: int) -> None:
+        """This process is rank ``local_rank`` of ``local_world_size`` ranks on this host (called
+        by a multi-rank executor before the process group forms): use device ``local_rank``, or,
+        where the ranks share one device (the host CPU), take a share of it."""
+
     def synchronize(self) -> None:
         """Wait for queued device work (no-op on synchronous devices)."""
 

@@ -21,7 +21,22 @@ def load_flag_table() -> list[dict[str, Any]]:
     return json.loads(text)
 
 
-FLAGS: list[dict[str, Any]] = load_flag_table()
+# Flags of infer's own (vLLM's spellings of settings SGLang has no flag for), in the same form.
+INFER_FLAGS: list[dict[str, Any]] = [
+    {"section": "Multi-node distributed serving", "flag": "--distributed-executor-backend",
+     "aliases": [], "dest": "distributed_executor_backend", "type": "str", "choices": ["mp", "ray"],
+     "nargs": None, "action": None, "default": "mp",
+     "help": "How the ranks of a multi-rank engine are started: mp (one spawned process per rank "
+             "on each node) or ray (Ray actors placed by a placement group on the running Ray "
+             "cluster, or a local one). vLLM's flag."},
+    {"section": "MoE", "flag": "--enable-expert-parallel", "aliases": [],
+     "dest": "enable_expert_parallel", "type": "bool", "choices": None, "nargs": None,
+     "action": "store_true", "default": False,
+     "help": "Split the experts of MoE layers across the tensor-parallel ranks (expert "
+             "parallelism of size --tp-size), instead of sharding every expert. vLLM's flag."},
+]
+
+FLAGS: list[dict[str, Any]] = load_flag_table() + INFER_FLAGS
 
 
 class ConfigError(ValueError):

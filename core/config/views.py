@@ -151,6 +151,7 @@ class ParallelConfig:
     dist_init_addr: str | None = None
     dist_timeout: int | None = None
     load_balance_method: str = "round_robin"
+    executor_backend: str = "mp"  # --distributed-executor-backend: mp (spawned processes) or ray
 
     @property
     def world_size(self) -> int:
@@ -160,11 +161,14 @@ class ParallelConfig:
     @classmethod
     def from_server_args(cls, args: Any) -> ParallelConfig:
         lb = _or(args.load_balance_method, "auto")
-        return cls(tp_size=int(_or(args.tp_size, 1)), pp_size=int(_or(args.pp_size, 1)),
-                   dp_size=int(_or(args.dp_size, 1)), ep_size=int(_or(args.ep_size, 1)),
+        tp = int(_or(args.tp_size, 1))
+        ep = tp if args.enable_expert_parallel else int(_or(args.ep_size, 1))
+        return cls(tp_size=tp, pp_size=int(_or(args.pp_size, 1)),
+                   dp_size=int(_or(args.dp_size, 1)), ep_size=ep,
                    nnodes=int(_or(args.nnodes, 1)), node_rank=int(_or(args.node_rank, 0)),
                    dist_init_addr=args.dist_init_addr, dist_timeout=args.dist_timeout,
-                   load_balance_method="round_robin" if lb == "auto" else lb)
+                   load_balance_method="round_robin" if lb == "auto" else lb,
+                   executor_backend=args.distributed_executor_backend)
 
 
 @dataclass(frozen=True)

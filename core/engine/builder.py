@@ -52,14 +52,31 @@ def build_grammar(cfg: EngineConfig, loaded: Any, eos_ids: tuple[int, ...]) -> A
     return GrammarBackend(loaded.tokenizer, loaded.arch.vocab_size, list(eos_ids))
 
 
+def make_executor(cfg: EngineConfig, platform: Any, loaded: Any = None) -> Executor:
+    """One process for one rank; one process per rank (spawned here, or Ray actors) otherwise.
+    The executor loads the model (this rank's shard) unless ``loaded`` is given (one rank)."""
+    if cfg.parallel.world_size == 1:
+        if loaded is None:
+            from infer.core.model.loader import load_model_from_config
+
+            loaded = load_model_from_config(cfg.load, platform=platform)
+        return LocalExecutor(cfg, loaded, platform)
+    if loaded is not None:
+        raise ValueError("a multi-rank engine loads its shards itself; do not pass a loaded model")
+    if cfg.parallel.executor_backend == "ray":
+        from infer.core.engine.ray_executor import RayExecutor
+
+        return RayExecutor(cfg, platform)
+    from infer.core.engine.multiproc import MultiprocExecutor
+
+    return MultiprocExecutor(cfg, platform)
+
+
 def build_engine(cfg: EngineConfig, platform: Any, loaded: Any = None,
                  executor: Executor | None = None) -> EngineParts:
-    if loaded is None:
-        from infer.core.model.loader import load_model_from_config
-
-        loaded = load_model_from_config(cfg.load, platform=platform)
     if executor is None:
-        executor = LocalExecutor(cfg, loaded, platform)
+        executor = make_executor(cfg, platform, loaded)
+    loaded = executor.loaded
     pool = PagePool(executor.kv_pages(), cfg.cache.page_size)
     cache = PlainCache(pool) if cfg.cache.disable_radix_cache else \
         RadixCache(pool, cfg.cache.radix_eviction_policy)

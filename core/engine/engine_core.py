@@ -102,7 +102,7 @@ class EngineCore:
             self._account_admissions(batch)
             defer = self.overlap and not any(self._needs_host_tokens(s.req) for s in batch.seqs)
             launched = self.executor.launch(batch, defer)
-            if defer:  # placeholders: the next batch reads these ids on the device
+            if launched.deferred:  # placeholders: the next batch reads these ids on the device
                 for i, req in enumerate(launched.reqs):
                     req.output_ids.append(-(i + 1))
                     req.num_pending += 1

@@ -50,7 +50,10 @@ def pool_pages(cache: CacheConfig, arch: Any, weight_bytes: int, memory_availabl
 
 
 class Executor(ABC):
-    """Carries out scheduled batches on the model runner(s) it owns."""
+    """Carries out scheduled batches on the model runner(s) it owns. ``loaded``: the model (this
+    process's shard of it) that the engine takes its tokenizer and shapes from."""
+
+    loaded: Any
 
     @abstractmethod
     def kv_pages(self) -> int: ...

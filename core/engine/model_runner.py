@@ -28,6 +28,7 @@ today's engine samples k <= 1; speculative verification is what needs k > 1.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,20 @@ class DecodeInputs:
     seq_lens: list[int]
     block_tables: list[list[int]]
     slot_mapping: list[int]
+
+
+@dataclass
+class StepInputs:
+    """Host-side inputs of one forward, as plain values: what every rank of a multi-rank
+    executor needs to run its shard of the step (rank 0 builds it from the ScheduleBatch)."""
+
+    ids: list[int]  # new tokens, packed in sequence order (negative: a deferred step's row)
+    pos: list[int]
+    extend: list[int]  # new tokens per sequence
+    seq_lens: list[int]  # tokens per sequence after this step
+    tables: np.ndarray  # [B, W] int64 page ids, rows padded with page 0
+    slots: list[int]  # KV slot of each new token
+    logit_rows: list[int]  # packed rows whose logits are wanted
 
 
 @dataclass
@@ -176,6 +191,15 @@ class ModelRunner:
     def prepare(self, batch: ScheduleBatch) -> tuple[ForwardBatch, list[tuple[Request, int, int]]]:
         """ForwardBatch for a scheduled batch plus, per sequence, (req, first logit row,
         number of logit rows); the last ``num_sample`` logit rows of a sequence are sampled."""
+        inputs, spans = self.host_inputs(batch)
+        return self.build_inputs(inputs), spans
+
+    def build_inputs(self, x: StepInputs) -> ForwardBatch:
+        return self._forward_batch(x.ids, x.pos, x.extend, x.seq_lens, x.tables, x.slots,
+                                   x.logit_rows)
+
+    def host_inputs(self, batch: ScheduleBatch) -> tuple[StepInputs, list[tuple[Request, int, int]]]:
+        """The step's StepInputs and, per sequence, (req, first logit row, number of rows)."""
         ps = self.page_size
         ids, pos, extend, seq_lens, slots, rows, spans = [], [], [], [], [], [], []
         n_pages = [-(-(s.req.num_computed + s.extend_len) // ps) for s in batch.seqs]
@@ -206,7 +230,7 @@ class ModelRunner:
             t += e
         if not rows:
             rows = [t - 1]  # the model needs at least one row; its logits are unused
-        return self._forward_batch(ids, pos, extend, seq_lens, tables, slots, rows), spans
+        return StepInputs(ids, pos, extend, seq_lens, tables, slots, rows), spans
 
     def _page_row(self, r: Request, changed_from: int) -> np.ndarray:
         """The request's page list as a numpy row, refreshed only from ``changed_from`` on (the
@@ -230,17 +254,27 @@ class ModelRunner:
         return self.resolve(self.launch(batch))
 
     @torch.inference_mode()
-    def launch(self, batch: ScheduleBatch, defer: bool = False) -> LaunchedStep:
+    def forward(self, inputs: StepInputs) -> torch.Tensor:
+        """The model on one step's inputs (a captured graph where one covers them): logits
+        [len(logit_rows), V]. Every rank of a multi-rank executor calls this on the same inputs."""
+        fwd = self.build_inputs(inputs)
+        if self.graph_runner is not None and self.graph_runner.can_run(fwd):
+            return self.graph_runner.run(fwd)
+        self.attn_backend.plan(fwd.attn)
+        return self.model(fwd)  # [N, V]
+
+    @torch.inference_mode()
+    def launch(self, batch: ScheduleBatch, defer: bool = False,
+               publish: Callable[[StepInputs], None] | None = None) -> LaunchedStep:
         """Queue one batch's forward and sampling on the device; the host does not wait (on an
         asynchronous device) except for prompt logprobs. ``defer``: also write the sampled ids to
         the future-token buffer (row i for the i-th sampled request), for a next step launched
-        before this one is resolved."""
-        fwd, spans = self.prepare(batch)
-        if self.graph_runner is not None and self.graph_runner.can_run(fwd):
-            logits = self.graph_runner.run(fwd)
-        else:
-            self.attn_backend.plan(fwd.attn)
-            logits = self.model(fwd)  # [N, V]
+        before this one is resolved. ``publish``: hands the step's inputs to the other ranks
+        before this rank runs its shard."""
+        inputs, spans = self.host_inputs(batch)
+        if publish is not None:
+            publish(inputs)
+        logits = self.forward(inputs)
         step = LaunchedStep(batch, [], StepResult(), deferred=defer)
         sample_rows = []
         for s, (req, first, n) in zip(batch.seqs, spans, strict=True):

@@ -71,15 +71,26 @@ class CpuPlatform(Platform):
     default_attention_backend = "torch_native"
     default_graph_runner = "native_decode"  # infer_cpu.graph: whole decode stack in one call
 
+    _share = 1  # ranks of a multi-rank executor on this host: they split its memory and cores
+
     def memory_available(self) -> int:
         try:
             with open("/proc/meminfo") as f:
                 for line in f:
                     if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
+                        return int(line.split()[1]) * 1024 // self._share
         except OSError:
             pass
-        return self.info.memory_bytes
+        return self.info.memory_bytes // self._share
+
+    def bind_local_rank(self, local_rank: int, local_world_size: int) -> None:
+        """Ranks on one host share its memory and its cores: each takes an equal share of both
+        (threads: the cores this process may use, divided among the local ranks)."""
+        import torch
+
+        self._share = local_world_size
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        torch.set_num_threads(max(1, (cores or 1) // local_world_size))
 
     def default_adjustments(self, args: Any) -> list[SettingAdjustment]:
         # The forward runs on the host thread: there is no queued device work for scheduling

@@ -42,6 +42,11 @@ class CudaPlatform(Platform):
 
         torch.cuda.synchronize()
 
+    def bind_local_rank(self, local_rank: int, local_world_size: int) -> None:
+        import torch
+
+        torch.cuda.set_device(local_rank)
+
     def to_device(self, t: Any) -> Any:
         # through pinned memory: a copy from pageable memory may synchronize with the stream
         return t.pin_memory().to("cuda", non_blocking=True)

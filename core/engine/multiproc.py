@@ -1,0 +1,220 @@
+"""MultiprocExecutor: one process per rank, rank 0 scheduling, every rank running its shard.
+
+Layout: the engine process is rank 0. It starts the other ranks of this node as spawned processes
+(``--nnodes N`` runs ``infer serve --node-rank r`` on every other node, which starts that node's
+ranks and nothing else). All ranks join one torch.distributed group with ``platform.dist_backend``
+at ``--dist-init-addr`` (a free local port when unset); the model's collectives (tensor-parallel
+all-reduce and all-gather, expert dispatch) run in it.
+
+Per step rank 0 turns the ScheduleBatch into ``StepInputs`` (plain host values), publishes them on
+a ZMQ PUB socket that every other rank subscribes to, and runs its own shard; the others run
+theirs on the same inputs. Rank 0 alone samples (the LM head gathers the full vocabulary on every
+rank). The inputs travel as one pickled message: a decode step of 32 sequences is a few kB.
+Overlap scheduling is off here (the other ranks would need rank 0's sampled ids on their device).
+
+Faults: a rank that dies makes the others' collectives fail; rank 0 also watches its children
+and ends its process (exit code 1) when one exits, so the server sees a dead engine and answers
+503. A rank whose publisher disconnects (rank 0 gone) exits. Children are killed when rank 0 exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import socket
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import zmq
+from infer.core.config.views import EngineConfig
+from infer.core.engine.executor import Executor, pool_pages
+from infer.core.engine.model_runner import LaunchedStep, ModelRunner, StepInputs, StepResult
+from infer.core.engine.scheduler import ScheduleBatch
+
+log = logging.getLogger(__name__)
+
+_STOP = b"stop"
+_SYNC = b"sync"  # sent until every rank has joined the channel (PUB drops what is sent before)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_addresses(cfg: EngineConfig) -> tuple[str, int]:
+    """(host, port) of the torch.distributed rendezvous; the step channel uses port + 1."""
+    addr = cfg.parallel.dist_init_addr
+    if addr:
+        host, _, port = addr.rpartition(":")
+        return host or "127.0.0.1", int(port)
+    return "127.0.0.1", free_port()
+
+
+class RankProcess:
+    """What every rank does: join the group, load its shard, size its pool."""
+
+    def __init__(self, cfg: EngineConfig, platform_name: str, rank: int, host: str, port: int,
+                 platform: Any = None) -> None:
+        p = cfg.parallel
+        self.cfg, self.rank, self.world = cfg, rank, p.world_size
+        if platform is None:
+            from infer.core.plugins import get_plugin_host
+
+            platform = get_plugin_host().select(platform_name)
+        self.platform = platform
+        per_node = self.world // p.nnodes
+        platform.bind_local_rank(rank % per_node, per_node)
+        timeout = timedelta(seconds=p.dist_timeout or 600)
+        dist.init_process_group(platform.dist_backend, init_method=f"tcp://{host}:{port}",
+                                world_size=self.world, rank=rank, timeout=timeout)
+        from infer.core.model.loader import load_model
+
+        self.loaded = load_model(cfg.load.model_path, platform=platform, progress=rank == 0,
+                                 tp_size=p.tp_size, tp_rank=rank, ep_size=p.ep_size,
+                                 **cfg.load.load_kwargs())
+
+    def kv_pages(self) -> int:
+        """This rank's page budget, then the smallest over all ranks (every rank calls this)."""
+        weights = sum(t.numel() * t.element_size() for t in self.loaded.model.parameters())
+        mine = pool_pages(self.cfg.cache, self.loaded.arch, weights, self.platform.memory_available(),
+                          self.loaded.ctx.attn_backend.config.num_kv_heads)
+        t = torch.tensor([mine], dtype=torch.int64, device=self.platform.torch_device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return int(t.item())
+
+
+def _worker_main(cfg: EngineConfig, platform_name: str, rank: int, host: str, port: int) -> None:
+    """Entry of ranks 1..W-1: serve steps from rank 0 until told to stop or rank 0 is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the process group's Ctrl-C is rank 0's to handle
+    rp = RankProcess(cfg, platform_name, rank, host, port)
+    runner = ModelRunner(rp.loaded, cfg, rp.kv_pages(), rp.platform, None)
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    sub.connect(f"tcp://{host}:{port + 1}")
+    while sub.recv() != _SYNC:
+        pass
+    dist.barrier()  # this rank receives what rank 0 publishes from now on
+    poller = zmq.Poller()
+    poller.register(sub, zmq.POLLIN)
+    poller.register(monitor, zmq.POLLIN)
+    try:
+        while True:
+            events = dict(poller.poll())
+            if monitor in events:
+                log.error("rank %d: rank 0 disconnected; exiting", rank)
+                os._exit(1)
+            msg = sub.recv()
+            if msg == _STOP:
+                break
+            if msg != _SYNC:
+                runner.forward(pickle.loads(msg))
+    finally:
+        ctx.destroy(linger=0)
+        dist.destroy_process_group()
+
+
+def run_node(cfg: EngineConfig, platform_name: str) -> int:
+    """``--node-rank`` > 0: start this node's ranks and wait for them (no scheduler, no HTTP)."""
+    host, port = init_addresses(cfg)
+    p = cfg.parallel
+    per_node = p.world_size // p.nnodes
+    ranks = range(p.node_rank * per_node, (p.node_rank + 1) * per_node)
+    spawn = mp.get_context("spawn")
+    procs = [spawn.Process(target=_worker_main, args=(cfg, platform_name, r, host, port), daemon=True)
+             for r in ranks]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join()
+    return 0 if all(proc.exitcode == 0 for proc in procs) else 1
+
+
+class MultiprocExecutor(Executor):
+    def __init__(self, cfg: EngineConfig, platform: Any) -> None:
+        self.cfg = cfg
+        p = cfg.parallel
+        host, port = init_addresses(cfg)
+        per_node = p.world_size // p.nnodes
+        spawn = mp.get_context("spawn")
+        self.procs = [spawn.Process(target=_worker_main, args=(cfg, platform.name, r, host, port),
+                                    daemon=True)
+                      for r in range(1, per_node)]
+        for proc in self.procs:
+            proc.start()
+        self._stopping = False
+        self._watch = threading.Thread(target=self._watch_children, daemon=True)
+        self._watch.start()
+        self.zmq = zmq.Context()
+        self.pub = self.zmq.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.SNDHWM, 0)
+        self.pub.bind(f"tcp://{'*' if p.nnodes > 1 else host}:{port + 1}")
+        self.rank0 = RankProcess(cfg, platform.name, 0, host, port, platform=platform)
+        self.loaded = self.rank0.loaded
+        self.runner: ModelRunner | None = None
+        self.publish_seconds = 0.0  # time spent handing inputs to the other ranks (benchmarks)
+        self.steps = 0
+
+    def _watch_children(self) -> None:
+        """A rank that exits while rank 0 runs leaves collectives that can never finish: end this
+        process (the server reports the dead engine) rather than hang."""
+        while True:
+            for proc in self.procs:
+                if proc.exitcode is not None and not self._stopping:
+                    log.error("rank process %s exited with code %s; stopping the engine",
+                              proc.pid, proc.exitcode)
+                    for other in self.procs:
+                        if other.is_alive():
+                            other.kill()
+                    os._exit(1)
+            time.sleep(0.2)
+
+    def kv_pages(self) -> int:
+        return self.rank0.kv_pages()
+
+    def start(self, num_pages: int, grammar: Any) -> None:
+        self.runner = ModelRunner(self.loaded, self.cfg, num_pages, self.rank0.platform, grammar)
+        joined = dist.barrier(async_op=True)  # completes once every rank has seen a SYNC
+        while not joined.is_completed():
+            self.pub.send(_SYNC)
+            time.sleep(0.005)
+        joined.wait()
+
+    def _publish(self, inputs: StepInputs) -> None:
+        t = time.perf_counter()
+        self.pub.send(pickle.dumps(inputs, protocol=pickle.HIGHEST_PROTOCOL))
+        self.publish_seconds += time.perf_counter() - t
+        self.steps += 1
+
+    def launch(self, batch: ScheduleBatch, defer: bool) -> LaunchedStep:
+        return self.runner.launch(batch, False, publish=self._publish)
+
+    def resolve(self, step: LaunchedStep) -> StepResult:
+        return self.runner.resolve(step)
+
+    def forget(self, rid: str) -> None:
+        self.runner.forget(rid)
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        try:
+            self.pub.send(_STOP)
+            for proc in self.procs:
+                proc.join(timeout=10)
+        finally:
+            for proc in self.procs:
+                if proc.is_alive():
+                    proc.kill()
+            self.zmq.destroy(linger=0)
+            if dist.is_initialized():
+                dist.destroy_process_group()
