@@ -15,14 +15,14 @@ import json
 import platform as pyplatform
 import re
 import sys
-from collections import Counter
 from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from infer.cli.doctor_render import render_markdown, render_rich
 from infer.core.plugins import PlatformSelectionError, PluginHost, get_plugin_host
-from infer.core.support import Entry, PlatformMatrix, Status
+from infer.core.support import Entry
 
 # label -> (distribution names to try, import name)
 PACKAGES: dict[str, tuple[tuple[str, ...], str]] = {
@@ -40,6 +40,8 @@ PACKAGES: dict[str, tuple[tuple[str, ...], str]] = {
 # a source build named "aiter", carries its kernel JIT in aiter/jit/core.py.)
 MARKERS: dict[str, str] = {"aiter": "jit/core.py"}
 NOT_INSTALLED = "not installed"
+# The platforms this repository ships a plugin for (README's table): platform -> distribution.
+BUILTIN_PLUGINS = {name: f"infer-plugin-{name}" for name in ("cpu", "cuda", "rocm", "ascend", "hpu")}
 DEFAULT_MARKDOWN = Path("docs/support-matrix.md")
 
 
@@ -137,13 +139,22 @@ def targets(host: PluginHost, device: str | None, generation: str | None, all_ta
     if pm is None:
         known = ", ".join(sorted(matrix.platforms)) or "none"
         raise ValueError(f"--device {name}: no installed plugin has support data for it "
-                         f"(known: {known})")
+                         f"(installed platforms: {known}); {install_hint(name)}")
     if generation is None:
         return [(name, g) for g in pm.generations]
     if generation not in pm.generations:
         raise ValueError(f"--generation {generation}: not a generation of {name} "
                          f"(known: {', '.join(pm.generations)})")
     return [(name, generation)]
+
+
+def install_hint(platform: str) -> str:
+    """What to install for ``platform``'s plugin."""
+    dist = BUILTIN_PLUGINS.get(platform)
+    if dist is None:
+        return (f"no plugin of this repository is named {platform!r} (they are "
+                f"{', '.join(BUILTIN_PLUGINS)}); install the third-party plugin that provides it")
+    return f"install its plugin: pip install {dist} (from a clone of infer: pip install -e plugins/{platform})"
 
 
 def collect(host: PluginHost, device: str | None = None, generation: str | None = None,
@@ -182,120 +193,6 @@ def collect(host: PluginHost, device: str | None = None, generation: str | None 
     return report
 
 
-# -- rendering ------------------------------------------------------------------------------
-STYLE = {Status.SUPPORTED.value: "green", Status.EXPERIMENTAL.value: "yellow",
-         Status.UNSUPPORTED.value: "red", Status.NOT_IMPLEMENTED.value: "dim"}
-
-
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.1f} GiB" if n else "unknown"
-
-
-def render_rich(report: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    env = Table(title="Environment", show_header=False)
-    for k, v in report["environment"].items():
-        env.add_row(k, v if v != NOT_INSTALLED else f"[dim]{v}[/dim]")
-    console.print(env)
-
-    plugins = Table(title="Plugins")
-    for col in ("entry point", "module", "version", "status"):
-        plugins.add_column(col)
-    for p in report["plugins"]:
-        status = "[green]loaded[/green]" if p["loaded"] else f"[red]failed[/red]: {p['error']}"
-        plugins.add_row(p["name"], p["module"], p["version"], status)
-    for f in report["failures"]:
-        plugins.add_row(f["name"], "", "", f"[red]hook failed[/red]: {f['error']}")
-    console.print(plugins)
-
-    devices = Table(title="Devices (each plugin's probe)")
-    for col in ("platform", "found", "generation", "device, or why none", "count", "memory"):
-        devices.add_column(col)
-    for name, d in report["devices"].items():
-        if d["found"]:
-            devices.add_row(name, "[green]yes[/green]", d["generation"], d["name"],
-                            str(d["count"]), _gib(d["memory_bytes"]))
-        else:
-            devices.add_row(name, "[red]no[/red]", "", d["reason"], "", "")
-    console.print(devices)
-
-    active = report["active"]
-    if "error" in active:
-        console.print(f"[bold red]No active platform:[/bold red] {active['error']}")
-    else:
-        console.print(f"Active platform: [bold]{active['platform']}[/bold], generation "
-                      f"[bold]{active['generation']}[/bold] (torch device "
-                      f"{active['torch_device']}, distributed backend {active['dist_backend']})")
-        details = report["devices"].get(active["platform"], {}).get("details") or {}
-        for key, value in details.items():
-            console.print(f"  {key.replace('_', ' ')}: {value}")
-
-    for name, gens in report["matrix"].items():
-        for gen, rows in gens.items():
-            counts = Counter(r["status"] for r in rows)
-            title = (f"Support matrix: {name} / {gen} ("
-                     + ", ".join(f"{counts[s.value]} {s.value}" for s in Status) + ")")
-            table = Table(title=title)
-            for col in ("flag", "status", "reason", "instead"):
-                table.add_column(col)
-            for r in rows:
-                st = r["status"]
-                table.add_row(r["key"], f"[{STYLE[st]}]{st}[/{STYLE[st]}]", r["reason"],
-                              r["instead"])
-            console.print(table)
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def render_markdown(host: PluginHost, flags: list[str]) -> str:
-    """Every platform's matrix, one table per platform with a column per generation."""
-    lines = ["# infer support matrix", "",
-             "Generated by `infer doctor --markdown` from the installed plugins' support data; "
-             "do not edit by hand.", "",
-             "Statuses: **supported** (implemented and tested here), **experimental** "
-             "(implemented, not yet proven), **unsupported** (the hardware cannot), "
-             "**not-implemented** (the hardware could; infer does not yet). A flag=value row "
-             "overrides its flag's row for that value.", ""]
-    for name, pm in sorted(host.matrix.platforms.items()):
-        lines += _platform_markdown(name, pm, flags)
-    return "\n".join(lines) + "\n"
-
-
-def _platform_markdown(name: str, pm: PlatformMatrix, flags: list[str]) -> list[str]:
-    gens = pm.generations
-    tables = {g: pm.table(g, flags) for g in gens}
-    keys = list(dict.fromkeys(e.key for g in gens for e in tables[g]))
-    by = {g: {e.key: e for e in tables[g]} for g in gens}
-    reasons = Counter(e.reason for g in gens for e in tables[g]
-                      if e.status is not Status.SUPPORTED and e.reason)
-    common = reasons.most_common(1)[0][0] if reasons else ""
-    counts = Counter(e.status.value for g in gens for e in tables[g])
-    out = [f"## {name}", "", f"Generations: {', '.join(gens)}. Rows: {len(keys)} per generation ("
-           + ", ".join(f"{counts[s.value]} {s.value}" for s in Status) + " over all generations).",
-           ""]
-    if common:
-        out += [f"A row that does not run and has no note has this reason: {common}.", ""]
-    out += ["| flag | " + " | ".join(gens) + " | notes |",
-            "|---|" + "---|" * len(gens) + "---|"]
-    for key in keys:
-        cells, notes = [], []
-        for g in gens:
-            e = by[g].get(key)
-            cells.append(e.status.value if e else "not-implemented")
-            if e and e.reason and e.reason != common:
-                note = e.reason + (f" (instead: {e.instead})" if e.instead else "")
-                if note not in notes:
-                    notes.append(note)
-        out.append(f"| `{_cell(key)}` | " + " | ".join(cells) + " | "
-                   + _cell("; ".join(notes)) + " |")
-    return out + [""]
-
-
 def doctor(
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     device: Annotated[str | None, typer.Option(
@@ -308,8 +205,11 @@ def doctor(
         "--markdown", help="Write every platform's matrix as markdown tables to --output.")] = False,
     output: Annotated[Path, typer.Option(
         "--output", help="Where --markdown writes.")] = DEFAULT_MARKDOWN,
+    full: Annotated[bool, typer.Option(
+        "--full", help="Show every matrix row with its reason, not the summary.")] = False,
 ) -> None:
-    """Show the environment, plugins, devices, the active platform and its support matrix."""
+    """Show the environment, plugins, devices, the active platform and a summary of its support
+    matrix (counts per status, what is not implemented); --full shows every row."""
     host = get_plugin_host()
     if markdown:
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -324,7 +224,7 @@ def doctor(
     if json_out:
         typer.echo(json.dumps(report, indent=2, default=str))
     else:
-        render_rich(report)
+        render_rich(report, full=full)
 
 
 def main() -> None:

@@ -41,3 +41,24 @@ def test_noxfile_finds_every_plugin():
     on_disk = {p.parent.name for p in ROOT.glob("plugins/*/pyproject.toml")}
     assert {p.name for p in module.PLUGINS} == on_disk and "cpu" in on_disk
     assert "plugins/cpu/tests" in module.plugin_test_dirs() or not (ROOT / "plugins/cpu/tests").is_dir()
+
+
+def _quickstart() -> str:
+    return (ROOT / "README.md").read_text().split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+
+
+def test_quickstart_says_how_to_get_the_cpu_torch_and_the_openai_client():
+    text = " ".join(_quickstart().split())  # prose wraps anywhere
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in text
+    client = text.index("from openai import OpenAI")
+    assert "pip install openai" in text[:client]  # said before the example that needs it
+
+
+def test_readme_names_the_entry_points_that_exist():
+    import importlib.util
+
+    text = " ".join(_quickstart().split())
+    for module in ("infer", "infer.launch_server"):
+        assert f"python -m {module} " in text
+        assert importlib.util.find_spec(module if module != "infer" else "infer.__main__") is not None
+    assert "infer serve smollm2" in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -154,3 +155,47 @@ def test_amds_aiter_is_recognised_by_its_contents(tmp_path, monkeypatch, dist):
     _fake_package(tmp_path, dist, "aiter", {"jit/__init__.py": "", "jit/core.py": ""})
     monkeypatch.syspath_prepend(str(tmp_path))
     assert doc.package_version(*doc.PACKAGES["aiter"]) == "0.1"
+
+
+def _not_implemented_keys(gen: str) -> list[str]:
+    from infer.cli.doctor_render import not_implemented
+
+    return not_implemented(_json()["matrix"]["cpu"][gen])
+
+
+def test_default_output_is_a_summary_with_whole_names():
+    res = runner.invoke(app, [], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    out = res.output
+    gen = _json()["active"]["generation"]
+    assert "…" not in out and len(out.splitlines()) < 300  # the full table is ~1,400 lines
+    assert f"Support matrix: cpu / {gen}" in out and " supported, " in out and " not-implemented)" in out
+    assert f"not implemented on cpu / {gen}" in out and "infer doctor --full" in out
+    names = set(re.findall(r"--[a-z0-9][a-z0-9=._-]*", out))
+    missing = [k for k in _not_implemented_keys(gen) if k not in names]
+    assert not missing, missing  # each one whole (never cut), and none left out
+    assert "--dtype," not in out  # a choice flag whose values run is not "not implemented"
+
+
+def test_full_output_has_every_row_with_whole_names():
+    res = runner.invoke(app, ["--full"], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    assert "…" not in res.output
+    names = set(re.findall(r"--[a-z0-9][a-z0-9=._-]*", res.output))
+    rows = _json()["matrix"]["cpu"][_json()["active"]["generation"]]
+    assert [r["key"] for r in rows if r["key"] not in names] == []
+
+
+def test_a_target_without_its_plugin_names_the_package_to_install():
+    import infer_cpu
+    from infer.core.model import registry
+    from infer.core.plugins import PluginHost
+
+    host = PluginHost()  # as after the quickstart: the CPU plugin only
+    host.add_module(infer_cpu)
+    host.add_module(registry)
+    with pytest.raises(ValueError) as err:
+        doc.collect(host, device="ascend", generation="A3")
+    assert "pip install infer-plugin-ascend" in str(err.value)
+    with pytest.raises(ValueError, match="install the third-party plugin"):
+        doc.collect(host, device="tpu")
