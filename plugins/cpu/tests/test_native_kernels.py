@@ -134,33 +134,37 @@ def test_qgemm_strided_rows_and_fused_silu_mul():
 
 
 @pytest.mark.parametrize("m", [1, 2, 19])
-def test_q8f_gemm_float_activations(m):
+def test_fgemm_q8_float_activations(m):
     w = torch.randn(50, 96)
     qw = quantize_q8_blocks(w)
     x = torch.randn(m, 96)
-    assert _rel(kernels.q8f_gemm(x, qw), x @ qw.dequantize().t()) < 1e-5
+    assert _rel(kernels.fgemm(x, qw), x @ qw.dequantize().t()) < 1e-5
     assert _rel(qw.dequantize(), w) < 1e-2
 
 
-@pytest.mark.parametrize("m", [1, 3, 4, 5, 8, 17, 32])
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0])
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 8, 17, 32, 67])
 @pytest.mark.parametrize("n", [1, 3, 37, 50])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_q8f_gemm_tiles_every_element(m, n, threads):
-    """Every activation-row remainder of the 4-row tile and weight-row remainders of the 2- and
-    4-row tiles (N odd, N < 4), one and two threads, strided activation rows: each logit to
-    float rounding of a float64 reference (a wrong or missing element fails the max check)."""
+def test_fgemm_tiles_every_element(qtype, m, n, threads):
+    """Every activation-row remainder of the 4-row tile and of the 64-row block, weight-row
+    remainders of the 1-, 2- and 4-row tiles (N odd, N < 4), one and two threads, strided
+    activation rows, a bias: each output to float rounding of a float64 reference on the exact
+    dequantised weights (a wrong or missing element fails the max check)."""
     g = torch.Generator().manual_seed(31 * m + n)
-    qw = quantize_q8_blocks(torch.randn(n, 160, generator=g))
+    exact, qw = _gguf(n, 160, qtype, seed=31 * m + n)
     big = torch.randn(m, 200, generator=g) * torch.rand(m, 1, generator=g) * 4
     x = big[:, 20:180]  # rows of stride 200
-    want = x.double() @ qw.dequantize().double().t()
+    bias = torch.randn(n, generator=g)
+    want = x.double() @ exact.double().t() + bias.double()
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        y = kernels.q8f_gemm(x, qw)
+        y = kernels.fgemm(x, qw, bias)
     finally:
         torch.set_num_threads(old)
-    err = (y.double() - want).abs() / (x.double().abs() @ qw.dequantize().double().abs().t())
+    scale = x.double().abs() @ exact.double().abs().t() + bias.double().abs()
+    err = (y.double() - want).abs() / scale
     assert err.max().item() < 1e-6, err.max().item()
 
 

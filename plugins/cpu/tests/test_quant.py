@@ -151,20 +151,22 @@ def test_gguf_method_lm_head_quantized(kernel_mode):
     assert (y.argmax(-1) == ref.argmax(-1)).float().mean() >= 2 / 3
 
 
-def test_gguf_method_large_m_uses_dequantised_float32_weight(kernel_mode):
-    from infer_cpu.quant.methods import LARGE_M
-
-    layer = _Layer(_weights(32, 64), Q.Q4_1)
-    layer.weight.data = layer.reference.clone()  # a float32 model holds the dequantised weight
+def test_gguf_method_float32_activations_for_every_row_count(kernel_mode):
+    """Native: float32 activations against the exactly dequantised blocks at every row count
+    (no int8 activations, no switch to another kernel for large batches), each row the same
+    bits alone or in a batch; the dense copy is dropped."""
+    if kernel_mode != "native":
+        pytest.skip("the native kernels' path")
+    layer = _Layer(_weights(32, 64), Q.Q4_1, bias=True)
+    layer.weight.data = layer.reference.clone()  # a float32 model's layer
+    layer.bias.data = layer.bias.data.float()
     method = GGUFLinearMethod(LinearConfig("gguf", torch.float32, torch.device("cpu")))
     method.process_weights_after_loading(layer)
-    assert layer.quant_kind == ("native" if kernel_mode == "native" else "int4")
-    assert layer.weight is not None
-    big = torch.randn(LARGE_M, 64)
-    torch.testing.assert_close(method.apply(layer, big), big @ layer.reference.t())
-    small = torch.randn(2, 64)
-    assert _rel(method.apply(layer, small), small @ layer.reference.t()) < 1e-2
-    bf16_layer = _Layer(_weights(32, 64), Q.Q4_1)
-    GGUFLinearMethod(LinearConfig("gguf", torch.bfloat16, torch.device("cpu"))
-                     ).process_weights_after_loading(bf16_layer)
-    assert bf16_layer.weight is None
+    assert layer.quant_kind == "native" and layer.weight is None
+    x = torch.randn(100, 64)
+    alone = torch.cat([method.apply(layer, x[i:i + 1]) for i in range(100)])
+    for m in (1, 2, 31, 32, 33, 100):
+        y = method.apply(layer, x[:m])
+        assert torch.equal(y, alone[:m])
+        torch.testing.assert_close(y, F.linear(x[:m], layer.reference, layer.bias),
+                                   rtol=1e-5, atol=1e-5)

@@ -50,7 +50,7 @@ _SIGNATURES = {
     "infer_set_threads": [_I],
     "infer_kernels_isa": [],
     "infer_qgemm": [_I, _P, _L, _I, _I, _I, _P, _P, _I, _P, _L],
-    "infer_q8f_gemm": [_P, _L, _I, _I, _P, _I, _P, _L],
+    "infer_fgemm": [_I, _P, _L, _I, _I, _P, _P, _I, _P, _L],
     "infer_rms_norm": [_P, _L, _P, _L, _P, _P, _P, _I, _I, _F],
     "infer_rope": [_P, _P, _L, _I, _P, _L, _I, _I, _I, _I, _P],
     "infer_silu_mul": [_P, _L, _P, _I, _I],
@@ -148,15 +148,20 @@ def qgemm(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None,
     return y
 
 
-def q8f_gemm(x: torch.Tensor, w: QWeight) -> torch.Tensor | None:
-    """x [M, K] float32 -> [M, N] for q8 weights, without quantizing the activations."""
+def fgemm(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None) -> torch.Tensor | None:
+    """x [M, K] float32 -> [M, N] with float32 activations and the blocks dequantized exactly;
+    None if the kernels are off or the input does not fit. Batch invariant: row m of the result
+    is bit for bit the same whatever the other rows (``infer_cpu_kernels.c`` says how)."""
     lib = _lib()
-    if lib is None or w.kind != 8 or not _f32_rows(x) or x.shape[1] != w.in_features:
+    if lib is None or not _f32_rows(x) or x.shape[1] != w.in_features:
+        return None
+    if bias is not None and (bias.dtype is not _F32 or not bias.is_contiguous()):
         return None
     m = x.shape[0]
     y = torch.empty(m, w.out_features, dtype=_F32)
-    lib.infer_q8f_gemm(x.data_ptr(), x.stride(0), m, w.in_features, w.blocks.data_ptr(),
-                       w.out_features, y.data_ptr(), w.out_features)
+    lib.infer_fgemm(w.kind, x.data_ptr(), x.stride(0), m, w.in_features, w.blocks.data_ptr(),
+                    bias.data_ptr() if bias is not None else None, w.out_features, y.data_ptr(),
+                    w.out_features)
     return y
 
 

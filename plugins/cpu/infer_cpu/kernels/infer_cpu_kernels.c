@@ -425,23 +425,74 @@ void infer_qgemm(int kind, const float *x, int64_t x_stride, int M, int K, int s
   free(xs);
 }
 
-/* q8f_gemm tiles: Q8F_TR weight rows x Q8F_TM activation rows of accumulators (8 registers,
- * 6 loads per 8 FMAs), weight rows converted to float Q8F_ROWS at a time. */
-#define Q8F_TR 2
-#define Q8F_TM 4
-#define Q8F_ROWS 4
+/* ---- Float-activation GEMM on GGUF blocks (batch invariant) --------------------------------
+ * y [M, N] = x [M, K] . W^T (+ bias) with float32 activations and W's blocks dequantized exactly
+ * to float32 (q4: d q + m, q8: d q; d q is exact in float32, so the values are the ones gguf's
+ * dequantisation gives). Every output is ONE chain over k in order,
+ *     acc[l] = fma(w[n, 8 i + l], x[m, 8 i + l], acc[l])   for i = 0 .. K/8 - 1, lanes l = 0..7,
+ *     y[m, n] = hsum256(acc) (+ bias[n]),
+ * whatever M, the tile it falls in, the thread that computes it or the chunk of weight rows it is
+ * dequantized with: a row's result never depends on the rest of the batch (batch invariance;
+ * the decode graph calls the same functions). Weight rows are dequantized FR at a time into a
+ * per-thread buffer and reused by every activation row of an FMB-row block. */
+#define FR 4
+#define FTM 4
+#define FMB 64
+
+/* Weight rows [n0, n0 + nr) of w (kind 4: block_q4, kind 8: block_q8; [N, K/32] blocks) ->
+ * float32 wf [nr, K] (32-byte aligned). */
+static void dequant_rows(int kind, const void *w, int K, int n0, int nr, float *wf) {
+  int nb = K / QK;
+  for (int r = 0; r < nr; r++) {
+    float *o = wf + (int64_t)r * K;
+    if (kind == 4) {
+      const block_q4 *b = (const block_q4 *)w + (int64_t)(n0 + r) * nb;
+      for (int j = 0; j < nb; j++, o += QK) {
+        float d = h2f(b[j].d), m = h2f(b[j].m);
 #ifdef __AVX2__
-/* y[m * y_stride + r] = wf_r . x_m for NR <= Q8F_TR weight rows wf [NR, K] (float) and
- * mr <= Q8F_TM activation rows; every dot product accumulates 8 lanes over K in order (as the
- * one-row loop of the per-row path did), then one horizontal sum. */
-static inline __attribute__((always_inline)) void q8f_tile(const float *wf, int NR, int K,
+        const __m128i low = _mm_set1_epi8(0x0F);
+        __m128i raw = _mm_loadu_si128((const __m128i *)b[j].qs);
+        __m128i lo = _mm_and_si128(raw, low), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
+        __m128i part[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+        __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
+        for (int t = 0; t < 4; t++) /* weights 8t .. 8t + 7 */
+          _mm256_store_ps(o + 8 * t, _mm256_fmadd_ps(
+                                         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(part[t])), vd, vm));
+#else
+        for (int i = 0; i < 16; i++) {
+          o[i] = d * (float)(b[j].qs[i] & 0x0F) + m;
+          o[i + 16] = d * (float)(b[j].qs[i] >> 4) + m;
+        }
+#endif
+      }
+    } else {
+      const block_q8 *b = (const block_q8 *)w + (int64_t)(n0 + r) * nb;
+      for (int j = 0; j < nb; j++, o += QK) {
+        float d = h2f(b[j].d);
+#ifdef __AVX2__
+        __m256 vd = _mm256_set1_ps(d);
+        for (int t = 0; t < 4; t++)
+          _mm256_store_ps(o + 8 * t, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                           _mm_loadl_epi64((const __m128i *)(b[j].qs + 8 * t))))));
+#else
+        for (int i = 0; i < QK; i++) o[i] = d * (float)b[j].qs[i];
+#endif
+      }
+    }
+  }
+}
+
+#ifdef __AVX2__
+/* y[m * y_stride + r] = wf_r . x_m for NR weight rows wf [NR, K] and mr activation rows (each
+ * pair one chain, see above). Inlined with constant NR, mr: the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void f32_tile(const float *wf, int NR, int K,
                                                            const float *x, int64_t x_stride, int mr,
                                                            float *y, int64_t y_stride) {
-  __m256 a[Q8F_TR][Q8F_TM];
+  __m256 a[FR][FTM];
   for (int r = 0; r < NR; r++)
     for (int m = 0; m < mr; m++) a[r][m] = _mm256_setzero_ps();
   for (int i = 0; i < K; i += 8) {
-    __m256 xv[Q8F_TM];
+    __m256 xv[FTM];
     for (int m = 0; m < mr; m++) xv[m] = _mm256_loadu_ps(x + (int64_t)m * x_stride + i);
     for (int r = 0; r < NR; r++) {
       __m256 w = _mm256_load_ps(wf + (int64_t)r * K + i);
@@ -451,94 +502,92 @@ static inline __attribute__((always_inline)) void q8f_tile(const float *wf, int 
   for (int m = 0; m < mr; m++)
     for (int r = 0; r < NR; r++) y[(int64_t)m * y_stride + r] = hsum256(a[r][m]);
 }
+#endif
 
-/* Weight rows [n0, n0 + nr) (nr <= Q8F_ROWS) against all M activation rows: the rows are
- * converted to float once (wf, 32-byte aligned, Q8F_ROWS K floats) and reused by every
- * Q8F_TR x Q8F_TM tile. */
-static void q8f_rows(const float *x, int64_t x_stride, int M, int K, const block_q8 *w, int n0,
-                     int nr, float *wf, float *y, int64_t y_stride) {
-  int nb = K / QK;
-  for (int r = 0; r < nr; r++)
-    for (int b = 0; b < nb; b++) {
-      const block_q8 *blk = w + (int64_t)(n0 + r) * nb + b;
-      __m256 db = _mm256_set1_ps(h2f(blk->d));
-      for (int t = 0; t < 4; t++)
-        _mm256_store_ps(wf + (int64_t)r * K + b * QK + 8 * t,
-                        _mm256_mul_ps(db, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                                              _mm_loadl_epi64((const __m128i *)(blk->qs + 8 * t))))));
-    }
-  for (int m0 = 0; m0 < M; m0 += Q8F_TM) {
-    int mr = M - m0 < Q8F_TM ? M - m0 : Q8F_TM;
+/* The nr <= FR dequantized rows wf against M activation rows; y points at the chunk's first
+ * output column. One activation row: tiles of all nr weight rows (independent chains for the
+ * FMA latency); more: tiles of 2 weight rows x up to FTM activation rows. */
+static void f32_chunk(const float *wf, int nr, int K, const float *x, int64_t x_stride, int M,
+                      float *y, int64_t y_stride) {
+  for (int m0 = 0; m0 < M; m0 += FTM) {
+    int mr = M - m0 < FTM ? M - m0 : FTM;
     const float *xm = x + (int64_t)m0 * x_stride;
-    for (int r0 = 0; r0 < nr; r0 += Q8F_TR) {
+    float *ym = y + (int64_t)m0 * y_stride;
+#ifdef __AVX2__
+    if (mr == 1) {
+      switch (nr) {
+      case 4: f32_tile(wf, 4, K, xm, x_stride, 1, ym, y_stride); break;
+      case 3: f32_tile(wf, 3, K, xm, x_stride, 1, ym, y_stride); break;
+      case 2: f32_tile(wf, 2, K, xm, x_stride, 1, ym, y_stride); break;
+      default: f32_tile(wf, 1, K, xm, x_stride, 1, ym, y_stride); break;
+      }
+      continue;
+    }
+    for (int r0 = 0; r0 < nr; r0 += 2) {
       const float *wr = wf + (int64_t)r0 * K;
-      float *ym = y + (int64_t)m0 * y_stride + n0 + r0;
-      if (nr - r0 >= Q8F_TR) {
-        switch (mr) { /* constant tile shapes keep the accumulators in registers */
-        case Q8F_TM: q8f_tile(wr, Q8F_TR, K, xm, x_stride, Q8F_TM, ym, y_stride); break;
-        case 3: q8f_tile(wr, Q8F_TR, K, xm, x_stride, 3, ym, y_stride); break;
-        case 2: q8f_tile(wr, Q8F_TR, K, xm, x_stride, 2, ym, y_stride); break;
-        default: q8f_tile(wr, Q8F_TR, K, xm, x_stride, 1, ym, y_stride); break;
+      if (nr - r0 >= 2) {
+        switch (mr) {
+        case 4: f32_tile(wr, 2, K, xm, x_stride, 4, ym + r0, y_stride); break;
+        case 3: f32_tile(wr, 2, K, xm, x_stride, 3, ym + r0, y_stride); break;
+        default: f32_tile(wr, 2, K, xm, x_stride, 2, ym + r0, y_stride); break;
         }
       } else {
-        for (int r = 0; r < nr - r0; r++)
-          q8f_tile(wr + (int64_t)r * K, 1, K, xm, x_stride, mr, ym + r, y_stride);
+        switch (mr) {
+        case 4: f32_tile(wr, 1, K, xm, x_stride, 4, ym + r0, y_stride); break;
+        case 3: f32_tile(wr, 1, K, xm, x_stride, 3, ym + r0, y_stride); break;
+        default: f32_tile(wr, 1, K, xm, x_stride, 2, ym + r0, y_stride); break;
+        }
       }
+    }
+#else
+    for (int m = 0; m < mr; m++)
+      for (int r = 0; r < nr; r++) {
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        const float *xr = xm + (int64_t)m * x_stride, *wr = wf + (int64_t)r * K;
+        for (int i = 0; i < K; i += 8)
+          for (int l = 0; l < 8; l++) acc[l] += wr[i + l] * xr[i + l];
+        ym[(int64_t)m * y_stride + r] = ((acc[0] + acc[4]) + (acc[2] + acc[6])) +
+                                        ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+      }
+#endif
+  }
+}
+
+/* Output columns [n0, n1) of y = x . W^T (+ bias) for all M rows: one thread's share. wf: FR * K
+ * floats of scratch, 32-byte aligned. */
+static void fgemm_rows(int kind, const float *x, int64_t x_stride, int M, int K, const void *w,
+                       const float *bias, int n0, int n1, float *y, int64_t y_stride, float *wf) {
+  for (int mb = 0; mb < M; mb += FMB) {
+    int mm = M - mb < FMB ? M - mb : FMB;
+    for (int c = n0; c < n1; c += FR) {
+      int nr = n1 - c < FR ? n1 - c : FR;
+      dequant_rows(kind, w, K, c, nr, wf);
+      float *yc = y + (int64_t)mb * y_stride + c;
+      f32_chunk(wf, nr, K, x + (int64_t)mb * x_stride, x_stride, mm, yc, y_stride);
+      if (bias)
+        for (int m = 0; m < mm; m++)
+          for (int r = 0; r < nr; r++) yc[(int64_t)m * y_stride + r] += bias[c + r];
     }
   }
 }
-#endif
 
-/* y[m, n] = sum_b d[n, b] * (q[n, b] . x[m, b]) with float32 activations (no activation
- * quantization: for outputs that are sensitive to it, such as the LM head's logits).
- * w = [N, K/32] block_q8; y rows of stride y_stride. */
-void infer_q8f_gemm(const float *x, int64_t x_stride, int M, int K, const void *wv, int N,
-                    float *y, int64_t y_stride) {
-  int nb = K / QK;
-  const block_q8 *wall = (const block_q8 *)wv;
-#ifdef __AVX2__
-  if (M >= 2) {
+static void share(int N, int tid, int nt, int *n0, int *n1);
+
+/* y [M, N] (row stride y_stride) = x [M, K] (row stride x_stride) . W^T (+ bias): kind 4 =
+ * block_q4 weights, kind 8 = block_q8, both [N, K/32] blocks. Batch invariant (see above). */
+void infer_fgemm(int kind, const float *x, int64_t x_stride, int M, int K, const void *w,
+                 const float *bias, int N, float *y, int64_t y_stride) {
 #pragma omp parallel num_threads(g_threads)
-    {
-      float *wf = (float *)aligned_alloc(32, sizeof(float) * Q8F_ROWS * (size_t)K);
-#pragma omp for schedule(static)
-      for (int n0 = 0; n0 < N; n0 += Q8F_ROWS)
-        q8f_rows(x, x_stride, M, K, wall, n0, N - n0 < Q8F_ROWS ? N - n0 : Q8F_ROWS, wf, y,
-                 y_stride);
-      free(wf);
-    }
-    return;
-  }
+  {
+    int nt = 1, tid = 0, n0, n1;
+#ifdef _OPENMP
+    nt = omp_get_num_threads();
+    tid = omp_get_thread_num();
 #endif
-#pragma omp parallel for num_threads(g_threads) schedule(static)
-  for (int n = 0; n < N; n++) {
-    const block_q8 *w = wall + (int64_t)n * nb;
-#ifdef __AVX2__
-#define W8(i) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(w[b].qs + 8 * (i)))))
-    /* one row: four independent accumulators, one hsum */
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int b = 0; b < nb; b++) {
-      const float *xb = x + (int64_t)b * QK;
-      __m256 db = _mm256_set1_ps(h2f(w[b].d));
-      a0 = _mm256_fmadd_ps(_mm256_mul_ps(db, W8(0)), _mm256_loadu_ps(xb), a0);
-      a1 = _mm256_fmadd_ps(_mm256_mul_ps(db, W8(1)), _mm256_loadu_ps(xb + 8), a1);
-      a2 = _mm256_fmadd_ps(_mm256_mul_ps(db, W8(2)), _mm256_loadu_ps(xb + 16), a2);
-      a3 = _mm256_fmadd_ps(_mm256_mul_ps(db, W8(3)), _mm256_loadu_ps(xb + 24), a3);
-    }
-    y[n] = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-#undef W8
-#else
-    for (int m = 0; m < M; m++) {
-      const float *xr = x + (int64_t)m * x_stride;
-      float acc = 0.f;
-      for (int b = 0; b < nb; b++) {
-        float sb = 0.f;
-        for (int j = 0; j < QK; j++) sb += (float)w[b].qs[j] * xr[(int64_t)b * QK + j];
-        acc += h2f(w[b].d) * sb;
-      }
-      y[(int64_t)m * y_stride + n] = acc;
-    }
-#endif
+    float *wf = (float *)aligned_alloc(32, sizeof(float) * FR * (size_t)K);
+    share(N, tid, nt, &n0, &n1);
+    fgemm_rows(kind, x, x_stride, M, K, w, bias, n0, n1, y, y_stride, wf);
+    free(wf);
   }
 }
 
@@ -911,24 +960,16 @@ static void spin_wait(spin_barrier *b) {
   }
 }
 
-/* Activation rows -> q8 blocks for the GEMM that follows. Few rows: every thread quantizes all
- * of them into its own buffers (no barrier). Four or more: the rows are split across the
- * threads into shared buffers, then a barrier. Returns the buffers to use. */
-typedef struct {
-  int8_t *q;
-  float *d, *s;
-} q8_rows;
-
-static q8_rows quantize_team(const float *x, int64_t x_stride, int M, int K, int silu_mul,
-                             q8_rows mine, q8_rows shared, int tid, int nt, spin_barrier *bar) {
-  if (M < 4 || nt == 1) {
-    quantize_rows(x, x_stride, M, K, silu_mul, mine.q, mine.d, mine.s);
+/* silu(gate) * up of the B rows of gu [B, 2I] for the down projection: few rows, every thread
+ * computes all of them into its own buffer (no barrier); four or more, the rows are split
+ * across the threads into a shared buffer, then a barrier. Returns the buffer to read. */
+static float *silu_team(const float *gu, int B, int I, float *mine, float *shared, int tid, int nt,
+                        spin_barrier *bar) {
+  if (B < 4 || nt == 1) {
+    for (int m = 0; m < B; m++) silu_mul_row(gu + (int64_t)m * 2 * I, mine + (int64_t)m * I, I);
     return mine;
   }
-  int nb = K / QK;
-  for (int m = tid; m < M; m += nt)
-    quantize_rows(x + (int64_t)m * x_stride, x_stride, 1, K, silu_mul, shared.q + (int64_t)m * K,
-                  shared.d + (int64_t)m * nb, shared.s + (int64_t)m * nb);
+  for (int m = tid; m < B; m += nt) silu_mul_row(gu + (int64_t)m * 2 * I, shared + (int64_t)m * I, I);
   spin_wait(bar);
   return shared;
 }
@@ -942,9 +983,9 @@ static void share(int N, int tid, int nt, int *n0, int *n1) {
 
 /* The threads stay in one parallel region for the whole step and meet at five or six spin
  * barriers per layer (one per GEMM, attention, and the thread-0 rotary/KV write); the small
- * row-wise work (norms, activation quantization, SiLU) is repeated by every thread on private
- * buffers rather than synchronised. Every output is computed by the same functions as the
- * per-op path, in the same order, so the two paths agree exactly. */
+ * row-wise work (norms, and the SiLU gate of a small batch) is repeated by every thread on
+ * private buffers rather than synchronised. Every output is computed by the same functions as
+ * the per-op path, in the same order, so the two paths agree exactly. */
 void infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int B, int hidden,
                          int H, int Hkv, int D, int inter, float eps, const int64_t *pos,
                          const float *cos_sin, int rot_dim, const int64_t *slots,
@@ -957,8 +998,7 @@ void infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int 
   float *att = (float *)malloc(sizeof(float) * (size_t)B * att_w);
   float *o = (float *)malloc(sizeof(float) * (size_t)B * hidden);
   float *gu = (float *)malloc(sizeof(float) * (size_t)B * 2 * inter);
-  q8_rows sq = {(int8_t *)malloc((size_t)B * kmax), (float *)malloc(sizeof(float) * (size_t)B * (kmax / QK)),
-                (float *)malloc(sizeof(float) * (size_t)B * (kmax / QK))};
+  float *act = (float *)malloc(sizeof(float) * (size_t)B * inter); /* shared SiLU gate rows */
   spin_barrier bar;
   atomic_init(&bar.arrived, 0);
   atomic_init(&bar.phase, 0);
@@ -975,16 +1015,15 @@ void infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int 
     float *x = (float *)malloc(sizeof(float) * (size_t)B * hidden);
     float *res = (float *)malloc(sizeof(float) * (size_t)B * hidden);
     float *dn = (float *)malloc(sizeof(float) * (size_t)B * hidden);
-    q8_rows mine = {(int8_t *)malloc((size_t)B * kmax), (float *)malloc(sizeof(float) * (size_t)B * (kmax / QK)),
-                    (float *)malloc(sizeof(float) * (size_t)B * (kmax / QK))}, a;
+    float *mine = (float *)malloc(sizeof(float) * (size_t)B * inter);
+    float *wf = (float *)aligned_alloc(32, sizeof(float) * FR * (size_t)kmax);
     int n0, n1;
     int64_t row = (int64_t)Hkv * D;
     for (int l = 0; l < n_layers; l++) {
       const infer_layer *L = layers + l;
       for (int m = 0; m < B; m++) rms_row(h + (int64_t)m * hidden, L->in_norm, x + (int64_t)m * hidden, hidden, eps);
-      a = quantize_team(x, hidden, B, hidden, 0, mine, sq, tid, nt, &bar);
       share(qkv_w, tid, nt, &n0, &n1);
-      qgemm_rows(L->kind_qkv, a.q, a.d, a.s, B, hidden, L->wqkv, L->bqkv, n0, n1, qkv, qkv_w);
+      fgemm_rows(L->kind_qkv, x, hidden, B, hidden, L->wqkv, L->bqkv, n0, n1, qkv, qkv_w, wf);
       spin_wait(&bar);
       if (tid == 0) {
         infer_rope(pos, qkv, qkv_w, H, qkv + (int64_t)H * D, qkv_w, Hkv, B, D, rot_dim, cos_sin);
@@ -996,21 +1035,19 @@ void infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int 
                         att, B, H, Hkv, D, page, scale};
       attend_share(&at, tid, nt);
       spin_wait(&bar);
-      a = quantize_team(att, att_w, B, att_w, 0, mine, sq, tid, nt, &bar);
       share(hidden, tid, nt, &n0, &n1);
-      qgemm_rows(L->kind_o, a.q, a.d, a.s, B, att_w, L->wo, NULL, n0, n1, o, hidden);
+      fgemm_rows(L->kind_o, att, att_w, B, att_w, L->wo, NULL, n0, n1, o, hidden, wf);
       spin_wait(&bar);
       for (int m = 0; m < B; m++) { /* res = o + h, x = norm(res) */
         int64_t at = (int64_t)m * hidden;
         add_rms_row(o + at, h + at, L->post_norm, res + at, x + at, hidden, eps);
       }
-      a = quantize_team(x, hidden, B, hidden, 0, mine, sq, tid, nt, &bar);
       share(2 * inter, tid, nt, &n0, &n1);
-      qgemm_rows(L->kind_gu, a.q, a.d, a.s, B, hidden, L->wgu, NULL, n0, n1, gu, 2 * inter);
+      fgemm_rows(L->kind_gu, x, hidden, B, hidden, L->wgu, NULL, n0, n1, gu, 2 * inter, wf);
       spin_wait(&bar);
-      a = quantize_team(gu, 2 * inter, B, inter, 1, mine, sq, tid, nt, &bar);
+      const float *a = silu_team(gu, B, inter, mine, act, tid, nt, &bar);
       share(hidden, tid, nt, &n0, &n1);
-      qgemm_rows(L->kind_down, a.q, a.d, a.s, B, inter, L->wdown, NULL, n0, n1, dn, hidden);
+      fgemm_rows(L->kind_down, a, inter, B, inter, L->wdown, NULL, n0, n1, dn, hidden, wf);
       for (int m = 0; m < B; m++) /* this thread's columns of h <- res + down */
         for (int j = n0; j < n1; j++) h[(int64_t)m * hidden + j] = res[(int64_t)m * hidden + j] + dn[(int64_t)m * hidden + j];
       spin_wait(&bar);
@@ -1018,15 +1055,13 @@ void infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int 
     free(x);
     free(res);
     free(dn);
-    free(mine.q);
-    free(mine.d);
-    free(mine.s);
+    free(mine);
+    free(wf);
   }
-  free(sq.q);
-  free(sq.d);
-  free(sq.s);
   free(qkv);
   free(att);
   free(o);
   free(gu);
+  free(act);
 }
+

@@ -2,23 +2,29 @@
 
 - ``GGUFLinearMethod`` (quantization key ``"gguf"``): serves a GGUF file's Q4_0 / Q4_1 / Q8_0
   blocks directly. With the native kernels (``infer_cpu.kernels``, float32 models) the blocks are
-  read as they are in the file (Q4_0 rewritten as Q4_1) and each product is a Q4 x Q8 / Q8 x Q8
-  integer dot product over activations quantized per 32-block, as llama.cpp does; the LM head
-  runs on Q8 blocks of 32 against float32 activations (int8 activations there changed greedy
-  answers). Without them (no C compiler, or a bf16/fp16 model) Q4 blocks become torch's int4
+  read as they are in the file (Q4_0 rewritten as Q4_1) and every product, the LM head's too
+  (Q8_0 blocks of the embedding), runs ``kernels.fgemm``: float32 activations against the blocks
+  dequantized exactly, with per-row arithmetic that does not depend on how many rows share the
+  call. So prefill, extends after a cache hit, chunks and decode batches of any size give every
+  row the same bits, and the precision is chosen per model (float32 activations), never per
+  batch. The int8-activation kernel (``kernels.qgemm``, llama.cpp's Q8 scheme) is faster, and
+  its perplexity on the default model is within 1 % of the float32 reference, but its
+  distributions are further from it (KL and top-1 agreement in ``benchmarks/cpu_notes.md``) and
+  its batched and one-row paths sum in different orders, so no serving path uses it. Without
+  the native kernels (no C compiler, or a bf16/fp16 model) Q4 blocks become torch's int4
   group-32 weights (exact) and Q8_0 per-row int8 (requantized), LM head per-row int8. Other block
   types, and unquantized tensors, stay dense in the model dtype.
 - ``Int8WeightOnlyLinearMethod``: per-row symmetric int8 weights, activations unquantized.
 
-Both keep the activations in ``compute_dtype`` (bf16: the fast path of torch's CPU kernels) and
-return outputs in the caller's dtype.
+The torch fallbacks keep the activations in ``compute_dtype`` (bf16: the fast path of torch's CPU
+kernels) and return outputs in the caller's dtype.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from infer.core.ops.linear import LinearConfig, LinearMethod
+from infer.core.ops.linear import LinearMethod
 from torch import nn
 
 from infer_cpu import kernels
@@ -44,22 +50,6 @@ def _drop_dense(layer: nn.Module) -> None:
     layer.weight = None
 
 
-# From LARGE_M rows on, a float32 GEMM on the dequantised weight beats the int4 / int8 kernels on
-# AVX2 (measured with 30 SmolLM2 layers, 2 threads: 32 rows 237 vs 271 ms, 128 rows 484 vs 631 ms),
-# so a float32 model keeps that copy of layers up to KEEP_DENSE_MAX weights (small models; a big
-# model's layers are served from the packed weights only, whatever the batch). The native block
-# kernels' tiled path would be faster still at 32-128 rows, but it quantizes activations to int8,
-# and a prompt prefilled that way changes the default model's answers (measured: "What is the
-# capital of France?" no longer gets "Paris"), so the prompt keeps float32 activations.
-LARGE_M = 32
-KEEP_DENSE_MAX = 1 << 22
-
-
-def _keep_dense_for_large_m(layer: nn.Module, config: LinearConfig) -> bool:
-    w = layer.weight
-    return w is not None and config.dtype == torch.float32 and w.numel() <= KEEP_DENSE_MAX
-
-
 def _flat(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
     return x.reshape(-1, x.shape[-1]), x.shape[:-1]
 
@@ -83,7 +73,7 @@ class GGUFLinearMethod(LinearMethod):
                 q, scale = quantize_int8_rows(gguf_q8_0_values(raw, rows))
                 layer.int8_q, layer.int8_scale = q, scale.to(COMPUTE_DTYPE)
                 layer.quant_kind = "int8"
-        if layer.quant_kind != "dense" and not _keep_dense_for_large_m(layer, self.config):
+        if layer.quant_kind != "dense":
             _drop_dense(layer)
         layer.gguf_raw = None  # the raw blocks are not needed after packing
 
@@ -96,9 +86,7 @@ class GGUFLinearMethod(LinearMethod):
             lm_head.qweight = qw
 
             def native(hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
-                # float activations: logits are too sensitive for int8 activations (the
-                # default model's greedy answers change with them)
-                y = kernels.q8f_gemm(hidden.reshape(-1, hidden.shape[-1]), qw)
+                y = kernels.fgemm(hidden.reshape(-1, hidden.shape[-1]), qw)
                 return y if y is not None else F.linear(hidden, qw.dequantize().to(hidden.dtype))
 
             lm_head.quant_apply = native
@@ -122,10 +110,8 @@ class GGUFLinearMethod(LinearMethod):
         if kind == "dense":
             return F.linear(x, layer.weight, layer.bias)
         x2, lead = _flat(x)
-        if x2.shape[0] >= LARGE_M and layer.weight is not None:  # prefill / large batches
-            return F.linear(x, layer.weight, layer.bias)
         if kind == "native":
-            y = kernels.qgemm(x2, layer.qweight, layer.bias)
+            y = kernels.fgemm(x2, layer.qweight, layer.bias)
             if y is None:  # an input the kernel does not take (not float32 rows): dequantise
                 return F.linear(x, layer.qweight.dequantize().to(x.dtype), layer.bias)
             return y.reshape(*lead, y.shape[-1])
