@@ -1,8 +1,12 @@
-"""``torch_native`` on the CPU: the core's reference backend plus the native paged-decode kernel.
+"""``torch_native`` on the CPU: the core's reference backend plus the native paged-attention kernel.
 
-Decode-only batches over a float32 cache on the CPU run ``infer_cpu.kernels.paged_decode`` (one
-call writes the new k/v and attends every sequence over its own pages, no gather); everything
-else, and any input the kernel declines, runs the reference
+Every batch over a float32 cache on the CPU runs ``infer_cpu.kernels.paged_decode``: one call
+writes the step's new k/v and then attends each query row over its own sequence's pages. A
+decode row is one query per sequence; a prefill or extend row t of sequence i is a query that
+sees the first ``prefix_len_i + t + 1`` keys. Each row's arithmetic depends only on its query and
+those keys (keys reduced in a fixed order), never on how the sequence was split into prefill,
+extend and decode steps or batched with others, so cached, chunked and batched requests get the
+same bits. Any input the kernel declines, and every other cache dtype, runs the reference
 (``infer.core.ops.reference.attention``), which the kernel is tested against.
 """
 
@@ -17,24 +21,39 @@ from infer_cpu import kernels
 
 class TorchNativeAttention(ReferenceAttention):
     def plan(self, meta: AttentionMetadata) -> None:
-        self._native_decode = (meta.is_decode_only and self.config.kv_dtype == torch.float32
-                               and self.config.device.type == "cpu" and kernels.load() is not None)
-        if self._native_decode:
+        self._native = (self.config.kv_dtype == torch.float32 and self.config.device.type == "cpu"
+                        and kernels.load() is not None)
+        if self._native:
             self.meta = meta  # the reference's plans are made only if the kernel declines
+            self._rows = self._query_rows(meta)
         else:
             super().plan(meta)
+
+    @staticmethod
+    def _query_rows(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per query row: its sequence's block-table row [T, W] int32 and the number of keys it
+        sees [T] int32 (its position + 1)."""
+        if meta.is_decode_only:
+            return meta.block_tables, meta.seq_lens
+        ext = torch.tensor(meta.extend_lens_cpu, dtype=torch.int64)
+        seq = torch.repeat_interleave(torch.arange(meta.num_seqs), ext)  # [T] sequence of row
+        start = torch.cumsum(ext, 0) - ext  # first row of each sequence
+        prefix = torch.tensor(meta.prefix_lens_cpu, dtype=torch.int64)
+        seen = prefix[seq] + torch.arange(meta.num_tokens) - start[seq] + 1
+        return (meta.block_tables.index_select(0, seq.to(meta.block_tables.device)).contiguous(),
+                seen.to(torch.int32).to(meta.seq_lens.device))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, layer_id: int) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D], caches [P, page, Hkv, D] -> [T, H, D]."""
         meta = self.meta
         assert meta is not None, "plan() must run before forward()"
-        if self._native_decode:
-            out = kernels.paged_decode(q, k, v, k_cache, v_cache, meta.slot_mapping,
-                                       meta.block_tables, meta.seq_lens, meta.page_size,
-                                       self.config.scale)
+        if self._native:
+            tables, seen = self._rows
+            out = kernels.paged_decode(q, k, v, k_cache, v_cache, meta.slot_mapping, tables, seen,
+                                       meta.page_size, self.config.scale)
             if out is not None:
                 return out
-            self._native_decode = False  # inputs the kernel does not take: the reference, this step
+            self._native = False  # inputs the kernel does not take: the reference, this step
             super().plan(meta)
         return super().forward(q, k, v, k_cache, v_cache, layer_id)
