@@ -1,0 +1,109 @@
+"""Attention backends against the core's ``torch_native`` reference.
+
+For every dtype and page size, one backend object (as a model holds one) runs every scenario of
+``batches.SCENARIOS`` in turn (so stale per-batch state shows), over two layers with their own
+caches. Checked per layer: the output [T, H, D] against the reference's, and the whole KV cache
+after the step against the reference's (the new k/v at their slots, nothing else touched). A
+backend with ``fuses_rotary`` runs each scenario twice: given rotated q/k, and given q/k straight
+from a fused QKV projection plus the rotary table (the reference then gets them rotated by
+``layer_ops.rotary_ref``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from infer.core.model.layers.rotary import rope_table
+from infer.core.ops.attention import AttentionConfig, RotaryArgs
+from infer.core.ops.layer_ops import rotary_ref
+from infer.core.ops.reference.attention import TorchNativeAttention
+from infer.core.testing.batches import SCENARIOS, rel_err, scenario_batch
+from infer.core.testing.outcome import ConformanceFailure, Outcome, Tolerances, build
+
+HEADS, KV_HEADS, HEAD_DIM, LAYERS = 8, 2, 64, 2
+ROPE_POSITIONS = 256
+
+
+def check_attention(name: str, factory: Callable[[AttentionConfig], Any], device: torch.device,
+                    dtypes: tuple[torch.dtype, ...], page_sizes: tuple[int, ...],
+                    tol: Tolerances, seed: int = 0) -> Outcome:
+    outcome = Outcome(f"attention backend {name!r}")
+    for dtype in dtypes:
+        for page in page_sizes:
+            label = f"{str(dtype)[6:]} page {page}"
+            with outcome.case(label):
+                _run_config(factory, device, dtype, page, tol, seed)
+    return outcome.raise_if_failed()
+
+
+def _run_config(factory: Callable[[AttentionConfig], Any], device: torch.device,
+                dtype: torch.dtype, page: int, tol: Tolerances, seed: int) -> None:
+    cfg = AttentionConfig(num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM,
+                          scale=HEAD_DIM ** -0.5, page_size=page, dtype=dtype, kv_dtype=dtype,
+                          device=device, num_layers=LAYERS, max_batch_size=16,
+                          max_context_len=ROPE_POSITIONS)
+    backend, reference = build(factory, cfg), TorchNativeAttention(cfg)
+    gen = torch.Generator().manual_seed(seed)
+    modes = [False, True] if getattr(backend, "fuses_rotary", False) else [False]
+    errors = []
+    for scenario in SCENARIOS:
+        for fused in modes:
+            where = f"{scenario}{' fused-rotary' if fused else ''}"
+            try:
+                _run_scenario(backend, reference, scenario, fused, cfg, gen, tol)
+            except NotImplementedError:
+                raise  # the backend refuses this dtype / page size
+            except ConformanceFailure as e:
+                errors.append(f"{where}: {e}")
+            except Exception as e:  # valid input: raising is a failure; the others still run
+                errors.append(f"{where}: raised {type(e).__name__}: {e}")
+    if errors:
+        raise ConformanceFailure("\n    ".join([""] + errors))
+
+
+def _run_scenario(backend: Any, reference: TorchNativeAttention, scenario: str, fused: bool,
+                  cfg: AttentionConfig, gen: torch.Generator, tol: Tolerances) -> None:
+    dev, dtype, d = cfg.device, cfg.dtype, cfg.head_dim
+    batch = scenario_batch(scenario, cfg.page_size, dev, gen)
+    meta = batch.meta
+    shape = (batch.num_pages, cfg.page_size, cfg.num_kv_heads, d)
+    caches = [torch.randn(shape, generator=gen).to(dtype).to(dev) for _ in range(2 * LAYERS)]
+    ref_caches = [c.clone() for c in caches]
+    backend.plan(meta)
+    reference.plan(meta)
+    cos_sin = rope_table(d, ROPE_POSITIONS, {"rope_theta": 10000.0}).to(dev)
+    t = meta.num_tokens
+    bound = tol.for_dtype(dtype)
+    for layer in range(LAYERS):
+        # q, k, v as views of one fused projection, as the model hands them over
+        qkv = torch.randn(t, (cfg.num_heads + 2 * cfg.num_kv_heads) * d, generator=gen).to(dtype).to(dev)
+        q, k, v = (x.view(t, -1, d) for x in qkv.split(
+            [cfg.num_heads * d, cfg.num_kv_heads * d, cfg.num_kv_heads * d], dim=-1))
+        kc, vc = caches[2 * layer], caches[2 * layer + 1]
+        rkc, rvc = ref_caches[2 * layer], ref_caches[2 * layer + 1]
+        rq, rk, rv = q.clone(), k.clone(), v.clone()  # the backend may rotate its q/k in place
+        if fused:
+            out = backend.forward(q, k, v, kc, vc, layer,
+                                  rotary=RotaryArgs(batch.positions, cos_sin, d))
+            rq, rk = rotary_ref(batch.positions, rq.float(), rk.float(), cos_sin, d)
+            rq, rk = rq.to(dtype), rk.to(dtype)
+        else:
+            out = backend.forward(q, k, v, kc, vc, layer)
+        expect = reference.forward(rq, rk, rv, rkc, rvc, layer)
+        if tuple(out.shape) != tuple(expect.shape) or out.dtype != dtype:
+            raise ConformanceFailure(f"layer {layer}: output {tuple(out.shape)} {out.dtype}, "
+                                     f"expected {tuple(expect.shape)} {dtype}")
+        err = rel_err(out, expect)
+        if not err <= bound:
+            raise ConformanceFailure(f"layer {layer}: output relative error {err:.3g} > {bound:g}")
+        if fused:  # k rotated in float32 by both, rounded once: equal up to the last bit
+            k_ok = rel_err(kc, rkc) <= bound
+        else:
+            k_ok = torch.equal(kc, rkc)
+        if not (k_ok and torch.equal(vc, rvc)):
+            raise ConformanceFailure(f"layer {layer}: KV cache after the step differs from the "
+                                     f"reference's (new k/v at the wrong slots, or other slots "
+                                     f"touched)")
+
