@@ -48,9 +48,10 @@ async def run_sequence(client: EngineClient, req: ipc.AddRequest, tokenizer: Any
 
     Text is made by the same detokenizer the engine uses for stop strings, so both agree on where
     a stop string matched; a match seen here ends the sequence even before the engine reports it.
+    Without a tokenizer (--skip-tokenizer-init) the deltas carry token ids only (text "").
     """
     params = req.params
-    text = StopStringDetokenizer(
+    text = None if tokenizer is None else StopStringDetokenizer(
         IncrementalDetokenizer(tokenizer, skip_special_tokens,
                                params.spaces_between_special_tokens, req.prompt_ids),
         stop, no_stop_trim)
@@ -58,7 +59,7 @@ async def run_sequence(client: EngineClient, req: ipc.AddRequest, tokenizer: Any
     pending_lps: list[TokenLogprob] = []
     first = True
     async for out in client.stream(req):
-        piece = text.add(out.new_token_ids)
+        piece = "" if text is None else text.add(out.new_token_ids)
         pending_ids += out.new_token_ids
         pending_lps += _logprobs(out) if req.return_logprob else []
         delta = SeqDelta(index, piece, pending_ids, pending_lps, prompt_tokens=out.prompt_tokens,
@@ -66,10 +67,10 @@ async def run_sequence(client: EngineClient, req: ipc.AddRequest, tokenizer: Any
         if first and out.prompt_logprobs is not None:
             delta.prompt_logprobs = _prompt_logprobs(out)
         first = False
-        if text.matched is not None:
+        if text is not None and text.matched is not None:
             delta.finish_reason, delta.matched_stop = "stop", text.matched
         elif out.finished:
-            delta.text += text.finish()
+            delta.text += "" if text is None else text.finish()
             delta.finish_reason, delta.matched_stop = _finish(out.finish_reason)
         if delta.finish_reason is not None:
             yield delta

@@ -87,9 +87,6 @@ async def _serve(args: Any, core_factory: str) -> int:
     client: EngineClient | None = None
     try:
         ready = await _wait_ready(pull, proc)
-        if ready.tokenizer is None:
-            raise StartupError("the HTTP server needs the model's tokenizer (chat templates, text in "
-                               "and out); remove --skip-tokenizer-init or use the offline Engine", 2)
         client = EngineClient(proc, pull, push, ready)
         client.start()
         return await _run_http(args, client)
@@ -205,8 +202,9 @@ async def _announce(server: _Server, args: Any, url: str) -> None:
     if not getattr(args, "skip_server_warmup", False):
         key = getattr(args, "api_key", None)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        body = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 4,
-                                                                        "temperature": 0.0}}
+        prompt: dict[str, Any] = {"text": "The capital of France is"} if server.state.tokenizer \
+            is not None else {"input_ids": [1, 2, 3, 4]}  # --skip-tokenizer-init: ids only
+        body = {**prompt, "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}}
         try:
             async with httpx.AsyncClient(timeout=600) as http:
                 resp = await http.post(f"{url}/generate", json=body, headers=headers)

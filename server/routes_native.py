@@ -83,7 +83,7 @@ async def metrics(request: Request) -> Response:
 
 
 def _any_token(s: ServerState) -> int:
-    ids = s.tokenizer.encode("ok", add_special_tokens=False)
+    ids = s.tokenizer.encode("ok", add_special_tokens=False) if s.tokenizer is not None else []
     return ids[0] if ids else 0
 
 
@@ -91,7 +91,8 @@ def _any_token(s: ServerState) -> int:
 @api_router.get("/get_model_info")
 async def get_model_info(request: Request) -> dict[str, Any]:
     s = _state(request)
-    return {"model_path": s.client.ready.model_path, "tokenizer_path": s.client.ready.model_path,
+    tokenizer_path = getattr(s.args, "tokenizer_path", None) or s.client.ready.model_path
+    return {"model_path": s.client.ready.model_path, "tokenizer_path": tokenizer_path,
             "served_model_name": s.model_name, "is_generation": True,
             "context_length": s.context_length, "eos_token_ids": s.client.ready.eos_token_ids,
             "has_chat_template": s.chat_template is not None}
@@ -101,6 +102,7 @@ async def get_model_info(request: Request) -> dict[str, Any]:
 async def tokenize(request: Request) -> dict[str, Any]:
     s = _state(request)
     body = parse_body(TokenizeRequest, await request.body())
+    s.need_tokenizer("/tokenize")
     prompt = body.prompt if body.prompt is not None else body.text
     if prompt is None:
         raise bad_request("send 'prompt' (a string or a list of strings)", param="prompt")
@@ -117,6 +119,7 @@ async def tokenize(request: Request) -> dict[str, Any]:
 async def detokenize(request: Request) -> dict[str, Any]:
     s = _state(request)
     body = parse_body(DetokenizeRequest, await request.body())
+    s.need_tokenizer("/detokenize")
     ids = body.tokens if body.tokens is not None else body.input_ids
     if ids is None:
         raise bad_request("send 'tokens' (a list of token ids)", param="tokens")
@@ -174,7 +177,7 @@ async def generate(request: Request) -> Response:
             try:
                 async for j, d in chain():
                     fmt.add(j, d)
-                    if d.text or d.finish_reason is not None:
+                    if d.text or d.finish_reason is not None or (s.tokenizer is None and d.token_ids):
                         out = fmt.result(j)
                         if batch:
                             out["index"] = j
@@ -195,7 +198,8 @@ def _generate_jobs(s: ServerState, body: GenerateRequest) -> list[GenerateJob]:
         raise bad_request("send exactly one of 'text' and 'input_ids'", param="text")
     if body.text is not None:
         texts = body.text if isinstance(body.text, list) else [body.text]
-        prompts = [(s.tokenizer.encode(t), t) for t in texts]
+        tokenizer = s.need_tokenizer("'text'")
+        prompts = [(tokenizer.encode(t), t) for t in texts]
     else:
         ids = body.input_ids or []
         batch = ids if (ids and isinstance(ids[0], list)) else [ids]
@@ -258,6 +262,8 @@ class _GenerateFormat:
             meta["output_top_logprobs"] = [[(v, i, None) for i, v in lp.top] for lp in self.lps[j]]
             if self.prompt_lps[j] is not None:
                 meta["input_token_logprobs"] = [(lp.logprob, lp.token_id, None) for lp in self.prompt_lps[j]]
+        if self.s.tokenizer is None:  # --skip-tokenizer-init: ids only, as SGLang answers
+            return {"output_ids": list(self.ids[j]), "meta_info": meta}
         return {"text": self.text[j], "output_ids": list(self.ids[j]), "meta_info": meta}
 
 

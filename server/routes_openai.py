@@ -102,7 +102,7 @@ async def completions(request: Request) -> Response:
         raise bad_request("suffix is not supported by infer; remove it", param="suffix")
     if body.best_of not in (None, body.n):
         raise bad_request("best_of other than n is not supported by infer", param="best_of")
-    prompts = _prompts(body.prompt, s.tokenizer)
+    prompts = _prompts(body.prompt, s.need_tokenizer("/v1/completions"))
     params = make_params(sampling_fields(body, body.max_tokens), s.sampling_defaults)
     want_lp = body.logprobs is not None
     jobs = [GenerateJob(ids, dataclasses.replace(params, stop=list(params.stop)), n=body.n,
@@ -206,6 +206,7 @@ async def chat_completions(request: Request) -> Response:
     s = _state(request)
     body = parse_body(ChatCompletionRequest, await request.body())
     check_model(s, body.model)
+    s.need_tokenizer("/v1/chat/completions")
     args = s.args
     tools_on = bool(body.tools) and body.tool_choice != "none"
     forced = forced_schema(body) if tools_on else None

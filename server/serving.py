@@ -23,7 +23,7 @@ from infer.core.sampling.defaults import sampling_defaults
 from infer.core.sampling.params import SamplingParams
 from infer.server import ipc
 from infer.server.engine_client import EngineClient
-from infer.server.errors import from_value_error, unavailable
+from infer.server.errors import bad_request, from_value_error, unavailable
 from infer.server.generation import SeqDelta, fit_context, merge, run_sequence
 from infer.server.metrics import Metrics
 
@@ -42,6 +42,13 @@ class ServerState:
     draining: bool = False
     in_flight: int = 0
     started: float = field(default_factory=time.time)
+
+    def need_tokenizer(self, what: str) -> Any:
+        """The tokenizer; without one (--skip-tokenizer-init) a 400 saying that ``what`` needs it."""
+        if self.tokenizer is None:
+            raise bad_request(f"{what} needs the tokenizer, and this server was started with "
+                              f"--skip-tokenizer-init: send token ids to /generate (input_ids) instead")
+        return self.tokenizer
 
     @property
     def sampling_defaults(self) -> dict[str, Any]:
@@ -85,6 +92,8 @@ class Serving:
             raise unavailable("the server is shutting down and accepts no new requests")
         if s.client.dead:
             raise unavailable(f"the engine is not running: {s.client.dead}")
+        if job.params.stop:
+            s.need_tokenizer("a stop string")
         ids, budget = fit_context(job.prompt_ids, job.params.max_new_tokens, s.context_length,
                                   bool(getattr(s.args, "allow_auto_truncate", False)))
         job.prompt_ids = ids

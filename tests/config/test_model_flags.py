@@ -157,3 +157,35 @@ def test_trusted_custom_config_loads_and_matches_transformers(remote_code_model,
             assert out["output_ids"] == hf_greedy(tiny[1], prompt, 8)
     finally:
         eng.shutdown()
+
+
+# -- --skip-tokenizer-init ---------------------------------------------------------------------
+def test_skip_tokenizer_init_serves_token_ids_only(split_model, tiny, tmp_path):
+    import httpx
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+    from server_proc import ServerProc
+
+    weights, _ = split_model  # no tokenizer at all: the server must not need one
+    server = ServerProc(weights, tmp_path, "--skip-tokenizer-init", "--dtype", "float32").wait_ready()
+    try:
+        prompt = list(range(5, 25))
+        body = {"input_ids": prompt, "sampling_params": {**GREEDY, "max_new_tokens": 8}}
+        out = httpx.post(f"{server.url}/generate", json=body, timeout=120)
+        assert out.status_code == 200, out.text
+        assert "text" not in out.json() and out.json()["output_ids"] == hf_greedy(tiny[1], prompt, 8)
+        with httpx.stream("POST", f"{server.url}/generate", json={**body, "stream": True}, timeout=120) as r:
+            chunks = [json.loads(line[6:]) for line in r.iter_lines()
+                      if line.startswith("data: {")]
+        assert len(chunks) > 1 and chunks[-1]["output_ids"] == out.json()["output_ids"]
+        for route, payload in [("/generate", {"text": "Hello"}),
+                               ("/generate", {**body, "sampling_params": {"stop": ["x"]}}),
+                               ("/v1/chat/completions", {"model": str(weights), "messages": [
+                                   {"role": "user", "content": "Hi"}]}),
+                               ("/v1/completions", {"model": str(weights), "prompt": "Hi"}),
+                               ("/tokenize", {"prompt": "Hi"})]:
+            refused = httpx.post(f"{server.url}{route}", json=payload, timeout=60)
+            assert refused.status_code == 400, (route, refused.text)
+            assert "--skip-tokenizer-init" in refused.json()["error"]["message"], route
+    finally:
+        server.stop()
