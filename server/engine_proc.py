@@ -31,7 +31,8 @@ _IDLE_POLL_MS = 50
 def run_engine_process(server_args: Any, in_addr: str, out_addr: str,
                        core_factory: str = DEFAULT_CORE) -> None:
     """Entry point of the spawned process: build the core, say Ready, then loop until shutdown."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(message)s")
+    level = getattr(logging, str(getattr(server_args, "log_level", None) or "info").upper(), logging.INFO)
+    logging.basicConfig(level=level, format="%(asctime)s engine %(levelname)s %(message)s")
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
     pull.connect(in_addr)

@@ -10,6 +10,8 @@ from typing import Any
 
 from infer.core.config.flags import ConfigError
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
 
 def _fail(message: str) -> None:
     raise ConfigError(message)
@@ -76,6 +78,10 @@ def check_cross_flags(a: Any) -> None:
             and a.chunked_prefill_size % a.page_size):
         _fail(f"{n('chunked_prefill_size')} {a.chunked_prefill_size} must be divisible by "
               f"{n('page_size')} {a.page_size}")
+    for dest, levels in (("log_level", LOG_LEVELS), ("log_level_http", (*LOG_LEVELS, "trace"))):
+        level = getattr(a, dest)
+        if level is not None and str(level).lower() not in levels:
+            _fail(f"{n(dest)} {level!r}: not a log level (use one of {', '.join(levels)})")
     if a.enable_dp_lm_head and not a.enable_dp_attention:
         _fail(f"{n('enable_dp_lm_head')} needs --enable-dp-attention")
     if a.enable_dp_attention and a.tp_size % a.dp_size:
