@@ -18,7 +18,8 @@ from infer.core.ops.attention import AttentionMetadata
 
 # name -> ((prefix, extend) per sequence, number of padding rows appended). A padding row is what
 # graph runners add to fill a captured batch size: one token at position 0 whose k/v go to the
-# scratch page 0; its output is compared like any other row's.
+# scratch page 0. Padding rows all write the same scratch slot (in no defined order), so their
+# outputs and page 0 are not compared; they must only leave every real row's result alone.
 SCENARIOS: dict[str, tuple[list[tuple[int, int]], int]] = {
     "prefill": ([(0, 17), (0, 5), (0, 33)], 0),
     "decode": ([(30, 1), (7, 1), (64, 1), (0, 1), (19, 1)], 0),
@@ -34,6 +35,7 @@ class PagedBatch:
     meta: AttentionMetadata
     positions: torch.Tensor  # [T] int64, absolute position of each new token
     num_pages: int
+    real_tokens: torch.Tensor  # [T] bool: the token belongs to a real (not padding) row
 
 
 def make_batch(seqs: list[tuple[int, int]], page_size: int, device: torch.device,
@@ -45,13 +47,14 @@ def make_batch(seqs: list[tuple[int, int]], page_size: int, device: torch.device
     num_pages = sum(pages_of) + 3  # page 0 (scratch) and two pages nobody owns
     free = (torch.randperm(num_pages - 1, generator=gen) + 1).tolist()
     width = max(pages_of) + 1  # at least one padding entry in every row
-    tables, slots, positions = [], [], []
+    tables, slots, positions, real = [], [], [], []
     for (prefix, ext), n, pad in zip(seqs, pages_of, is_padding, strict=True):
         mine = [0] * n if pad else [free.pop() for _ in range(n)]
         tables.append(mine + [0] * (width - n))
         for pos in range(prefix, prefix + ext):
             slots.append(mine[pos // page_size] * page_size + pos % page_size)
             positions.append(pos)
+            real.append(not pad)
     ext_lens = [e for _, e in seqs]
     seq_lens = [p + e for p, e in seqs]
     qsl = torch.tensor([0] + ext_lens).cumsum(0)
@@ -64,7 +67,8 @@ def make_batch(seqs: list[tuple[int, int]], page_size: int, device: torch.device
         slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
         seq_lens_cpu=seq_lens, extend_lens_cpu=ext_lens,
         max_seq_len=max(seq_lens), max_extend_len=max(ext_lens))
-    return PagedBatch(meta, torch.tensor(positions, dtype=torch.int64, device=device), num_pages)
+    return PagedBatch(meta, torch.tensor(positions, dtype=torch.int64, device=device), num_pages,
+                      torch.tensor(real, dtype=torch.bool, device=device))
 
 
 def scenario_batch(name: str, page_size: int, device: torch.device,
