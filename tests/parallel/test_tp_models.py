@@ -2,7 +2,8 @@
 fp32 checkpoint run on 2 ranks (spawned, gloo, one thread each) gives the logits of the
 single-rank model within 1e-4 (relative to the largest logit) on every rank, through prefill,
 chunked prefill and decode rows, and the same greedy tokens. ``llama_mqa`` has one KV head, so
-its KV head is replicated on both ranks; the MoE models also run with ep=2 (experts split)."""
+its KV head is replicated on both ranks, and MLP biases (the row-parallel down projection's bias
+is added once); the MoE models also run with ep=2 (experts split)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ EP_ARCHS = ["mixtral", "qwen3_moe"]
 PROMPT_LENS = [5, 13, 22]
 MAX_NEW = 12
 PAGE, CHUNK = 4, 7
+MQA_BIAS = {"num_key_value_heads": 1, "mlp_bias": True}  # replicated KV head, row-parallel bias
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -30,7 +32,13 @@ def runs(tmp_path_factory):
     for arch in ARCHS:
         path = tmp_path_factory.mktemp(arch)
         hf = save_tiny("llama" if arch == "llama_mqa" else arch, path,
-                       **({"num_key_value_heads": 1} if arch == "llama_mqa" else {}))
+                       **(MQA_BIAS if arch == "llama_mqa" else {}))
+        if arch == "llama_mqa":  # transformers initialises biases to zero
+            with torch.no_grad():
+                for name, p in hf.named_parameters():
+                    if name.endswith(".bias"):
+                        p.normal_(0, 0.5, generator=torch.Generator().manual_seed(2))
+            hf.save_pretrained(path)
         gen = torch.Generator().manual_seed(1)
         prompts = [torch.randint(0, hf.config.vocab_size, (n,), generator=gen).tolist()
                    for n in PROMPT_LENS]
