@@ -2,7 +2,7 @@
 
 ``/generate`` takes SGLang's body (``text`` or ``input_ids``, ``sampling_params``) and answers
 ``{"text", "output_ids", "meta_info"}`` (a list for a batch); streamed chunks carry the text so
-far, as SGLang's do. Admin routes (/get_server_info, /flush_cache) take --admin-api-key.
+far, as SGLang's do (with --stream-output, only the new segment). Admin routes (/get_server_info, /flush_cache) take --admin-api-key.
 """
 
 from __future__ import annotations
@@ -173,12 +173,15 @@ async def generate(request: Request) -> Response:
             yield item
 
     if body.stream:
+        segments = bool(getattr(s.args, "stream_output", False))  # --stream-output: disjoint chunks
+
         async def events() -> AsyncIterator[str]:
             try:
                 async for j, d in chain():
                     fmt.add(j, d)
-                    if d.text or d.finish_reason is not None or (s.tokenizer is None and d.token_ids):
-                        out = fmt.result(j)
+                    ids_only = segments or s.tokenizer is None
+                    if d.text or d.finish_reason is not None or (ids_only and d.token_ids):
+                        out = fmt.segment(j, d) if segments else fmt.result(j)
                         if batch:
                             out["index"] = j
                         yield sse(out)
@@ -265,6 +268,15 @@ class _GenerateFormat:
         if self.s.tokenizer is None:  # --skip-tokenizer-init: ids only, as SGLang answers
             return {"output_ids": list(self.ids[j]), "meta_info": meta}
         return {"text": self.text[j], "output_ids": list(self.ids[j]), "meta_info": meta}
+
+    def segment(self, j: int, d: SeqDelta) -> dict[str, Any]:
+        """--stream-output: only what ``d`` adds (text, ids), with the meta so far (SGLang's
+        disjoint segments; the default stream repeats everything so far)."""
+        out = self.result(j)
+        out["output_ids"] = list(d.token_ids)
+        if "text" in out:
+            out["text"] = d.text
+        return out
 
 
 # -- admin -------------------------------------------------------------------------------------
