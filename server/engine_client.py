@@ -3,7 +3,8 @@
 One listener task reads every message the engine sends and puts each ``SeqOutput`` on the queue
 of its request; a monitor task notices when the engine process dies. Invariants: a request's queue
 exists from ``stream()`` until its last output (or its abort); when the engine is dead every open
-stream ends with a 503 and new ones are refused at once, so no caller ever waits forever.
+stream ends with a 503 and new ones are refused at once, and a send that the dead engine will never
+take (a PUSH socket without a peer blocks) gives up, so no caller ever waits forever.
 """
 
 from __future__ import annotations
@@ -34,12 +35,15 @@ class EngineClient:
         self.stats: dict[str, Any] = dict(ready.stats)
         self.dead: str | None = None  # why the engine is gone
         self.on_death: Callable[[str], None] | None = None
+        self.on_signal: Callable[[int], None] | None = None  # the engine process got SIGINT/SIGTERM
+        self._death: asyncio.Future | None = None  # done once the engine is dead
         self._streams: dict[str, asyncio.Queue] = {}
         self._calls: dict[int, asyncio.Future] = {}
         self._ids = itertools.count()
         self._tasks: list[asyncio.Task] = []
 
     def start(self) -> None:
+        self._death = asyncio.get_running_loop().create_future()
         self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._monitor())]
 
     @property
@@ -56,7 +60,7 @@ class EngineClient:
         self._streams[req.rid] = queue
         finished = False
         try:
-            await self.push.send_pyobj(req)
+            await self._send(req)
             while True:
                 item = await queue.get()
                 if item is _DEAD:
@@ -80,7 +84,19 @@ class EngineClient:
 
     async def abort(self, rid: str | None) -> None:
         if not self.dead and not self.push.closed:  # closed: the server is past its shutdown
-            await self.push.send_pyobj(ipc.AbortRequest(rid))
+            await self._send(ipc.AbortRequest(rid))
+
+    async def _send(self, msg: Any) -> None:
+        """Send to the engine, or raise 503 as soon as it is known to be dead."""
+        if self._death is None:
+            await self.push.send_pyobj(msg)
+            return
+        send = asyncio.ensure_future(self.push.send_pyobj(msg))
+        await asyncio.wait({send, self._death}, return_when=asyncio.FIRST_COMPLETED)
+        if not send.done():
+            send.cancel()
+            raise unavailable(f"the engine is not running: {self.dead}")
+        send.result()
 
     async def call(self, op: str, timeout: float = 30.0) -> Any:
         """Run a control op in the engine (``flush_cache``, ``stats``, ``shutdown``)."""
@@ -90,8 +106,7 @@ class EngineClient:
         fut = asyncio.get_running_loop().create_future()
         self._calls[call_id] = fut
         try:
-            await self.push.send_pyobj(ipc.Control(call_id, op))
-            ok, payload = await asyncio.wait_for(fut, timeout)
+            ok, payload = await asyncio.wait_for(self._call(ipc.Control(call_id, op), fut), timeout)
         except asyncio.TimeoutError:
             raise unavailable(f"the engine did not answer {op!r} within {timeout:g} s") from None
         finally:
@@ -99,6 +114,10 @@ class EngineClient:
         if not ok:
             raise APIError(500, f"{op} failed in the engine: {payload}")
         return payload
+
+    async def _call(self, msg: ipc.Control, reply: asyncio.Future) -> Any:
+        await self._send(msg)
+        return await reply
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -124,6 +143,9 @@ class EngineClient:
                 fut = self._calls.get(msg.call_id)
                 if fut is not None and not fut.done():
                     fut.set_result((msg.ok, msg.payload))
+            elif isinstance(msg, ipc.Signalled):
+                if self.on_signal is not None:
+                    self.on_signal(msg.signum)
             elif isinstance(msg, ipc.Fatal):
                 logger.error("%s", msg.message)
                 self._die(msg.message.splitlines()[0])
@@ -139,6 +161,8 @@ class EngineClient:
         if self.dead is not None:
             return
         self.dead = why
+        if self._death is not None and not self._death.done():
+            self._death.set_result(why)
         logger.error("engine is dead: %s", why)
         for queue in self._streams.values():
             queue.put_nowait(_DEAD)

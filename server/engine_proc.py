@@ -4,6 +4,11 @@ Loop invariant: incoming messages are drained before every step, so an abort rea
 the latest one step after it was sent; with no work the loop blocks on the socket (50 ms poll).
 A watchdog thread kills the process loudly (all thread stacks on stderr, exit code 3) when one
 step runs longer than ``--watchdog-timeout``; the HTTP process sees the death and answers 503.
+
+Signals: the engine never dies of SIGINT or SIGTERM (a terminal's Ctrl-C and process managers
+signal the whole group). The first one is passed on to the HTTP process as ``Signalled``, which
+drains the running requests and then sends ``shutdown``; a second one ends the loop after the
+current step. The engine also stops when the HTTP process is gone.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import faulthandler
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -33,6 +39,9 @@ def run_engine_process(server_args: Any, in_addr: str, out_addr: str,
     """Entry point of the spawned process: build the core, say Ready, then loop until shutdown."""
     level = getattr(logging, str(getattr(server_args, "log_level", None) or "info").upper(), logging.INFO)
     logging.basicConfig(level=level, format="%(asctime)s engine %(levelname)s %(message)s")
+    signals = _Signals()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signals.handle)
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
     pull.connect(in_addr)
@@ -47,23 +56,38 @@ def run_engine_process(server_args: Any, in_addr: str, out_addr: str,
         push.close()
         ctx.term()
         raise
-    loop = _EngineLoop(core, pull, push, float(getattr(server_args, "watchdog_timeout", 300) or 0))
+    loop = _EngineLoop(core, pull, push, float(getattr(server_args, "watchdog_timeout", 300) or 0),
+                       signals)
     try:
         loop.run()
     except BaseException as err:  # noqa: BLE001
         push.send_pyobj(ipc.Fatal(f"engine crashed: {err}\n{traceback.format_exc()}"))
         raise
     finally:
+        getattr(core, "shutdown", lambda: None)()  # other ranks' processes, if any
         push.close()
         pull.close()
         ctx.term()
 
 
+class _Signals:
+    """SIGINT / SIGTERM received by this process, oldest first (the handler only records them)."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+
+    def handle(self, signum: int, frame: Any) -> None:
+        self.received.append(signum)
+
+
 class _EngineLoop:
-    def __init__(self, core: Any, pull: zmq.Socket, push: zmq.Socket, watchdog_s: float) -> None:
+    def __init__(self, core: Any, pull: zmq.Socket, push: zmq.Socket, watchdog_s: float,
+                 signals: _Signals | None = None) -> None:
         self.core = core
         self.pull = pull
         self.push = push
+        self.signals = signals or _Signals()
+        self.signals_seen = 0
         self.parent = os.getppid()
         self.step_started: float | None = None  # set while core.step() runs
         self.stopping = False
@@ -74,6 +98,9 @@ class _EngineLoop:
 
     def run(self) -> None:
         while not self.stopping:
+            self._check_signals()
+            if self.stopping:
+                return
             busy = self.core.has_work()
             if self.pull.poll(0 if busy else _IDLE_POLL_MS):
                 self._drain()
@@ -90,6 +117,19 @@ class _EngineLoop:
                 if os.getppid() != self.parent:  # the HTTP process died: nobody to serve
                     logger.error("HTTP process exited; engine stops")
                     return
+
+    def _check_signals(self) -> None:
+        received = self.signals.received
+        if len(received) == self.signals_seen:
+            return
+        if self.signals_seen == 0:
+            name = signal.Signals(received[0]).name
+            logger.info("%s: the HTTP server drains the running requests, then stops the engine", name)
+            self.push.send_pyobj(ipc.Signalled(received[0]))
+        if len(received) > 1:
+            logger.warning("%s again: the engine stops now", signal.Signals(received[-1]).name)
+            self.stopping = True
+        self.signals_seen = len(received)
 
     def _drain(self) -> None:
         while True:

@@ -2,8 +2,9 @@
 
 HTTP -> engine: ``AddRequest``, ``AbortRequest``, ``Control``.
 engine -> HTTP: ``Ready`` once, then ``Outputs`` after each step, ``Rejected`` when the engine
-refuses a request, ``Reply`` to a ``Control``, ``Stats`` about twice a second, ``Fatal`` before it
-dies of an error. The HTTP side binds both sockets; the engine connects.
+refuses a request, ``Reply`` to a ``Control``, ``Stats`` about twice a second, ``Signalled`` when the
+engine process got SIGINT or SIGTERM (the HTTP side then drains and shuts it down), ``Fatal``
+before it dies of an error. The HTTP side binds both sockets; the engine connects.
 """
 
 from __future__ import annotations
@@ -84,6 +85,11 @@ class Ready:
 @dataclass
 class Stats:
     stats: dict[str, Any]
+
+
+@dataclass
+class Signalled:
+    signum: int
 
 
 @dataclass

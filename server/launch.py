@@ -4,8 +4,13 @@ Process layout: this (HTTP) process binds two ZMQ ipc sockets and spawns the eng
 which builds the EngineCore and connects. The HTTP side owns tokenisation, chat templates and
 detokenisation, so its event loop never waits on a forward pass.
 
-Exit codes: 0 after a clean shutdown (SIGINT, or SIGTERM once running requests drained), 1 when
-the engine died or failed to start or warm up, 2 for a bad server option.
+Signals: SIGINT or SIGTERM, to this process, to the engine process or to the whole group (a
+terminal's Ctrl-C), starts a drain: new requests get 503, running ones finish (at most
+``DRAIN_TIMEOUT_S``), then the engine is shut down and the server exits. A second signal to this
+process stops at once, a third forces the exit.
+
+Exit codes: 0 after a clean shutdown (a drain, or a second signal), 1 when the engine died or
+failed to start or warm up, 2 for a bad server option.
 """
 
 from __future__ import annotations
@@ -94,10 +99,7 @@ async def _serve(args: Any, core_factory: str) -> int:
         if client is not None:
             await _stop_engine(client)
             await client.close()
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(5)
-        if proc.is_alive():
+        if proc.is_alive():  # the engine outlives SIGTERM (see engine_proc): only a kill ends it
             proc.kill()
             proc.join()
         push.close()
@@ -142,6 +144,7 @@ async def _run_http(args: Any, client: EngineClient) -> int:
                             timeout_graceful_shutdown=5, access_log=False)
     server = _Server(config, state)
     client.on_death = server.engine_died
+    client.on_signal = server.engine_signalled
     tasks = [asyncio.create_task(server.drain_watch()),
              asyncio.create_task(_announce(server, args, f"http://{host}:{port}"))]
     try:
@@ -161,7 +164,7 @@ def _http_log_level(args: Any) -> str:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn with a draining SIGTERM: refuse new requests, let running ones finish, then exit."""
+    """uvicorn with a draining SIGINT / SIGTERM: refuse new requests, let running ones finish, exit."""
 
     def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
         super().__init__(config)
@@ -170,15 +173,24 @@ class _Server(uvicorn.Server):
         self.drain_deadline: float | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if sig == signal.SIGTERM and self.drain_deadline is None and not self.should_exit:
-            self.state.draining = True
-            self.drain_deadline = time.monotonic() + DRAIN_TIMEOUT_S
-            logger.warning("SIGTERM: draining %d running request(s) (at most %.0f s); new requests get 503",
-                           self.state.in_flight, DRAIN_TIMEOUT_S)
+        if self.drain_deadline is None and not self.should_exit:
+            self._start_drain(f"{signal.Signals(sig).name}")
             return
         if self.should_exit:
             self.force_exit = True
         self.should_exit = True
+
+    def engine_signalled(self, sig: int) -> None:
+        """The engine process got ``sig``: drain as for a signal here, but never escalate (with a
+        group signal this process got the same signal already)."""
+        if self.drain_deadline is None and not self.should_exit:
+            self._start_drain(f"{signal.Signals(sig).name} to the engine process")
+
+    def _start_drain(self, why: str) -> None:
+        self.state.draining = True
+        self.drain_deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        logger.warning("%s: draining %d running request(s) (at most %.0f s; signal again to stop at "
+                       "once); new requests get 503", why, self.state.in_flight, DRAIN_TIMEOUT_S)
 
     def engine_died(self, why: str) -> None:
         self.exit_code = 1

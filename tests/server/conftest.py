@@ -25,8 +25,8 @@ def start_server(tiny_dir, tmp_path_factory):
     started: list[ServerProc] = []
     log_dir = tmp_path_factory.mktemp("server-logs")
 
-    def start(*flags: str, wait: bool = True) -> ServerProc:
-        srv = ServerProc(tiny_dir, log_dir, *flags)
+    def start(*flags: str, wait: bool = True, own_group: bool = False) -> ServerProc:
+        srv = ServerProc(tiny_dir, log_dir, *flags, own_group=own_group)
         started.append(srv)
         return srv.wait_ready() if wait else srv
 

@@ -22,7 +22,7 @@ def free_port() -> int:
 class ServerProc:
     """An `infer serve` subprocess; its output goes to a log file shown when something fails."""
 
-    def __init__(self, model_dir: Path, log_dir: Path, *flags: str) -> None:
+    def __init__(self, model_dir: Path, log_dir: Path, *flags: str, own_group: bool = False) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / f"server-{self.port}.log"
@@ -31,7 +31,10 @@ class ServerProc:
                "--port", str(self.port), "--device", "cpu", *flags]
         self.log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        # own_group: a process group of its own, which a test may signal as a whole (as a terminal's
+        # Ctrl-C or a process manager does) without signalling pytest
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=own_group)
 
     def output(self) -> str:
         return self.log_path.read_text()
