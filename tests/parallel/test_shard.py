@@ -30,6 +30,7 @@ def LlamaConfig(**kw):  # noqa: N802 (the config's shape fields only)
 def MixtralConfig(**kw):  # noqa: N802
     return LlamaConfig(**{"intermediate_size": 14336, "num_local_experts": 8, **kw})
 
+
 Q = gguf.GGMLQuantizationType
 
 

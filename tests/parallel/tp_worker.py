@@ -44,3 +44,15 @@ def greedy_on_rank(rank: int, world: int, cases: list[dict[str, Any]]) -> dict[s
         out[c["name"]] = greedy(loaded, c["prompts"], c["max_new"], c["page_size"], c["chunk"],
                                 c.get("num_pages", 512))
     return out
+
+
+def native_greedy_on_rank(rank: int, world: int, path: str, prompts: list[list[int]],
+                          max_new: int) -> tuple[list[list[int]], set[str]]:
+    """The default GGUF model at its default precision (the native block kernels) on this rank:
+    greedy tokens and the kinds of linear layer it ran (``quant_kind``)."""
+    from infer.core.model.layers.linear import LinearBase
+
+    loaded = load(path, tp_size=world, tp_rank=rank, dtype="auto", page_size=16)
+    kinds = {m.quant_kind for m in loaded.model.modules() if isinstance(m, LinearBase)}
+    gen, _ = greedy(loaded, prompts, max_new, 16, 16, num_pages=64)
+    return gen, kinds
