@@ -1,5 +1,7 @@
-"""--stream-output runs on the CPU: streamed chunks carry disjoint segments (only what is new), in
-the HTTP server's /generate and in the offline Engine, and they add up to the whole answer."""
+"""Serving flags the gate used to refuse although they were wired. --stream-output: streamed chunks
+carry disjoint segments (only what is new), in the HTTP server's /generate and in the offline
+Engine, and they add up to the whole answer. --enable-cache-report: the OpenAI usage says how many
+prompt tokens came from the prefix cache."""
 
 from __future__ import annotations
 
@@ -32,20 +34,26 @@ def _check_segments(chunks: list[dict], whole: dict) -> None:
     assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
 
 
-def test_server_streams_disjoint_segments(tiny, tmp_path):
+def test_server_streams_disjoint_segments_and_reports_cached_tokens(tiny, tmp_path):
     import httpx
     from server_proc import ServerProc
 
-    server = ServerProc(tiny, tmp_path, "--stream-output", "--dtype", "float32").wait_ready()
+    server = ServerProc(tiny, tmp_path, "--stream-output", "--enable-cache-report",
+                        "--dtype", "float32").wait_ready()
     try:
         body = {"text": CORPUS[0], "sampling_params": PARAMS}
         whole = httpx.post(f"{server.url}/generate", json=body, timeout=120).json()
         with httpx.stream("POST", f"{server.url}/generate", json={**body, "stream": True}, timeout=120) as r:
             chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        chat = {"model": str(tiny), "messages": [{"role": "user", "content": CORPUS[1]}], "max_tokens": 4}
+        usages = [httpx.post(f"{server.url}/v1/chat/completions", json=chat, timeout=120).json()["usage"]
+                  for _ in range(2)]
     finally:
         server.stop()
     assert len(whole["output_ids"]) == 12
     _check_segments(chunks, whole)
+    cold, warm = (u["prompt_tokens_details"]["cached_tokens"] for u in usages)
+    assert cold == 0 and 0 < warm < usages[1]["prompt_tokens"]  # the repeated prompt hits the cache
 
 
 def test_engine_streams_disjoint_segments(tiny):
