@@ -37,6 +37,7 @@ from infer.server.engine_client import EngineClient
 from infer.server.engine_proc import DEFAULT_CORE, run_engine_process
 from infer.server.metrics import Metrics
 from infer.server.reasoning import check_parser
+from infer.server.request_limits import max_request_bytes
 from infer.server.serving import ServerState
 from infer.server.tool_parsers import get_parser
 
@@ -71,6 +72,7 @@ def _check_options(args: Any) -> None:
             check_parser(args.reasoning_parser)
         if getattr(args, "chat_template", None):
             resolve_chat_template(args.chat_template, None)
+        max_request_bytes()
     except ValueError as err:
         raise StartupError(str(err), 2) from None
     if getattr(args, "is_embedding", False):

@@ -28,6 +28,7 @@ from infer.server.protocol import (
     TokenizeRequest,
     parse_body,
 )
+from infer.server.request_limits import read_body
 from infer.server.serving import GenerateJob, ServerState, Serving, cancel_on_disconnect, make_params
 
 open_router = APIRouter()
@@ -101,24 +102,23 @@ async def get_model_info(request: Request) -> dict[str, Any]:
 @api_router.post("/tokenize")
 async def tokenize(request: Request) -> dict[str, Any]:
     s = _state(request)
-    body = parse_body(TokenizeRequest, await request.body())
+    body = parse_body(TokenizeRequest, await read_body(request))
     s.need_tokenizer("/tokenize")
     prompt = body.prompt if body.prompt is not None else body.text
     if prompt is None:
         raise bad_request("send 'prompt' (a string or a list of strings)", param="prompt")
-    if isinstance(prompt, list):
-        tokens: Any = [s.tokenizer.encode(p, add_special_tokens=body.add_special_tokens) for p in prompt]
-        count: Any = [len(t) for t in tokens]
-    else:
-        tokens = s.tokenizer.encode(prompt, add_special_tokens=body.add_special_tokens)
-        count = len(tokens)
+    texts = prompt if isinstance(prompt, list) else [prompt]
+    encoded = await asyncio.to_thread(  # off the event loop: the body limit bounds its length
+        lambda: [s.tokenizer.encode(p, add_special_tokens=body.add_special_tokens) for p in texts])
+    tokens: Any = encoded if isinstance(prompt, list) else encoded[0]
+    count: Any = [len(t) for t in encoded] if isinstance(prompt, list) else len(encoded[0])
     return {"tokens": tokens, "count": count, "max_model_len": s.context_length}
 
 
 @api_router.post("/detokenize")
 async def detokenize(request: Request) -> dict[str, Any]:
     s = _state(request)
-    body = parse_body(DetokenizeRequest, await request.body())
+    body = parse_body(DetokenizeRequest, await read_body(request))
     s.need_tokenizer("/detokenize")
     ids = body.tokens if body.tokens is not None else body.input_ids
     if ids is None:
@@ -133,7 +133,7 @@ async def detokenize(request: Request) -> dict[str, Any]:
 @api_router.post("/abort_request")
 async def abort_request(request: Request) -> dict[str, Any]:
     s = _state(request)
-    body = parse_body(AbortRequest, await request.body())
+    body = parse_body(AbortRequest, await read_body(request))
     if body.abort_all:
         await s.client.abort(None)
         return {"aborted": "all"}
@@ -150,8 +150,8 @@ async def abort_request(request: Request) -> dict[str, Any]:
 @api_router.post("/generate")
 async def generate(request: Request) -> Response:
     s = _state(request)
-    body = parse_body(GenerateRequest, await request.body())
-    jobs = _generate_jobs(s, body)
+    body = parse_body(GenerateRequest, await read_body(request))
+    jobs = await _generate_jobs(s, body)
     serving = Serving(s)
     for job in jobs:
         serving.prepare(job)
@@ -196,13 +196,13 @@ async def generate(request: Request) -> Response:
     return JSONResponse(results if batch else results[0])
 
 
-def _generate_jobs(s: ServerState, body: GenerateRequest) -> list[GenerateJob]:
+async def _generate_jobs(s: ServerState, body: GenerateRequest) -> list[GenerateJob]:
     if (body.text is None) == (body.input_ids is None):
         raise bad_request("send exactly one of 'text' and 'input_ids'", param="text")
     if body.text is not None:
         texts = body.text if isinstance(body.text, list) else [body.text]
-        tokenizer = s.need_tokenizer("'text'")
-        prompts = [(tokenizer.encode(t), t) for t in texts]
+        s.need_tokenizer("'text'")
+        prompts = list(zip(await s.prompts.encode(texts, param="text"), texts, strict=True))
     else:
         ids = body.input_ids or []
         batch = ids if (ids and isinstance(ids[0], list)) else [ids]

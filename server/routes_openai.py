@@ -8,6 +8,7 @@ choice, an optional usage chunk, then ``[DONE]``.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 import uuid
@@ -32,6 +33,7 @@ from infer.server.openai_format import (
 )
 from infer.server.protocol import ChatCompletionRequest, CompletionRequest, NamedToolChoice, parse_body
 from infer.server.reasoning import ReasoningSplitter
+from infer.server.request_limits import read_body
 from infer.server.serving import GenerateJob, ServerState, Serving, cancel_on_disconnect, make_params
 from infer.server.tool_parsers import forced_grammar, forced_schema, get_parser
 
@@ -96,13 +98,14 @@ def _stream(events: AsyncIterator[str]) -> StreamingResponse:
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
     s = _state(request)
-    body = parse_body(CompletionRequest, await request.body())
+    body = parse_body(CompletionRequest, await read_body(request))
     check_model(s, body.model)
     if body.suffix:
         raise bad_request("suffix is not supported by infer; remove it", param="suffix")
     if body.best_of not in (None, body.n):
         raise bad_request("best_of other than n is not supported by infer", param="best_of")
-    prompts = _prompts(body.prompt, s.need_tokenizer("/v1/completions"))
+    s.need_tokenizer("/v1/completions")
+    prompts = await _prompts(body.prompt, s)
     params = make_params(sampling_fields(body, body.max_tokens), s.sampling_defaults)
     want_lp = body.logprobs is not None
     jobs = [GenerateJob(ids, dataclasses.replace(params, stop=list(params.stop)), n=body.n,
@@ -121,16 +124,17 @@ async def completions(request: Request) -> Response:
     return JSONResponse(fmt.response())
 
 
-def _prompts(prompt: Any, tokenizer: Any) -> list[tuple[list[int], str]]:
+async def _prompts(prompt: Any, s: ServerState) -> list[tuple[list[int], str]]:
+    """(token ids, text) of each prompt; tokenising and detokenising run off the event loop."""
     if isinstance(prompt, str):
-        return [(tokenizer.encode(prompt), prompt)]
+        prompt = [prompt]
     if not prompt:
         raise bad_request("prompt is empty", param="prompt")
     if isinstance(prompt[0], str):
-        return [(tokenizer.encode(p), p) for p in prompt]
-    if isinstance(prompt[0], int):
-        return [(list(prompt), tokenizer.decode(prompt))]
-    return [(list(p), tokenizer.decode(p)) for p in prompt]
+        return list(zip(await s.prompts.encode(prompt), prompt, strict=True))
+    batch = [list(prompt)] if isinstance(prompt[0], int) else [list(p) for p in prompt]
+    texts = await asyncio.to_thread(lambda: [s.tokenizer.decode(ids) for ids in batch])
+    return list(zip(batch, texts, strict=True))
 
 
 class _CompletionFormat:
@@ -204,7 +208,7 @@ class _CompletionFormat:
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
     s = _state(request)
-    body = parse_body(ChatCompletionRequest, await request.body())
+    body = parse_body(ChatCompletionRequest, await read_body(request))
     check_model(s, body.model)
     s.need_tokenizer("/v1/chat/completions")
     args = s.args
@@ -221,7 +225,7 @@ async def chat_completions(request: Request) -> Response:
                           "(hermes, qwen25 or llama3); or use tool_choice 'required' or a named function",
                           param="tool_choice")
     prompt = render_chat(s.tokenizer, s.chat_template, body, with_tools=tools_on)
-    ids = s.tokenizer.encode(prompt, add_special_tokens=False)
+    ids = (await s.prompts.encode([prompt], add_special_tokens=False, param="messages"))[0]
     max_new = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     fields = sampling_fields(body, max_new)
     if forced is not None:

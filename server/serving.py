@@ -26,6 +26,7 @@ from infer.server.engine_client import EngineClient
 from infer.server.errors import bad_request, from_value_error, unavailable
 from infer.server.generation import SeqDelta, fit_context, merge, run_sequence
 from infer.server.metrics import Metrics
+from infer.server.request_limits import PromptEncoder
 
 logger = logging.getLogger("infer.server")
 
@@ -42,6 +43,11 @@ class ServerState:
     draining: bool = False
     in_flight: int = 0
     started: float = field(default_factory=time.time)
+    prompts: PromptEncoder = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.prompts = PromptEncoder(self.tokenizer, self.context_length,
+                                     bool(getattr(self.args, "allow_auto_truncate", False)))
 
     def need_tokenizer(self, what: str) -> Any:
         """The tokenizer; without one (--skip-tokenizer-init) a 400 saying that ``what`` needs it."""
