@@ -41,7 +41,9 @@ def _entry(rank: int, world_size: int, port: int, results: Any, fn: Any, args: t
         dist.destroy_process_group()
 
 
-def run_ranks(fn: Any, world_size: int, *args: Any, timeout: float = 600.0) -> list[Any]:
+def run_ranks(fn: Any, world_size: int, *args: Any, timeout: float = 600.0,
+              wait_for: list[int] | None = None) -> list[Any]:
+    """``wait_for``: the ranks whose results are awaited (default all; None for the others)."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -54,13 +56,15 @@ def run_ranks(fn: Any, world_size: int, *args: Any, timeout: float = 600.0) -> l
     out: dict[int, Any] = {}
     deadline = time.monotonic() + timeout
     try:
-        while len(out) < world_size:
+        wanted = set(range(world_size) if wait_for is None else wait_for)
+        while not wanted <= set(out):
             try:
                 rank, ok, value = results.get(timeout=1.0)
             except queue.Empty:
-                dead = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in out]
+                dead = [r for r, p in enumerate(procs)
+                        if p.exitcode is not None and r in wanted and r not in out]
                 if dead or time.monotonic() > deadline:
-                    raise RuntimeError(f"ranks {sorted(set(range(world_size)) - set(out))} gave "
+                    raise RuntimeError(f"ranks {sorted(wanted - set(out))} gave "
                                        f"no result (exited without one: {dead})") from None
                 continue
             if not ok:
@@ -71,4 +75,4 @@ def run_ranks(fn: Any, world_size: int, *args: Any, timeout: float = 600.0) -> l
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
-    return [out[r] for r in range(world_size)]
+    return [out.get(r) for r in range(world_size)]

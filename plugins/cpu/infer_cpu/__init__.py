@@ -76,5 +76,5 @@ def register_moe_runners(register: Any) -> None:
 
 @hookimpl
 def register_communicators(register: Any) -> None:
-    # gloo has no all_gather_into_tensor, so the process group's list all-gather is the right one
-    register("gloo", reference.PROCESS_GROUP_COMM, "cpu")
+    # gloo, with all-reduce / all-gather through shared memory for ranks on this host (x86-64)
+    register("gloo", "infer_cpu.ops.shm_comm:ShmCommunicator", "cpu")

@@ -1,0 +1,50 @@
+"""What each rank runs in test_shm_comm.py (imported by name in spawned children)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+
+def _inputs(rank: int, seed: int) -> list[torch.Tensor]:
+    """Per-rank inputs: hidden rows, a chunked tensor (over one 1 MiB slot), bf16, a
+    non-contiguous view, an odd size."""
+    g = torch.Generator().manual_seed(seed * 100 + rank)
+    big = torch.randn(300, 1024, generator=g)  # 1.2 MB: two chunks
+    return [torch.randn(1, 576, generator=g), torch.randn(32, 4096, generator=g), big,
+            torch.randn(7, 96, generator=g).to(torch.bfloat16),
+            torch.randn(64, 10, generator=g)[:, ::2], torch.randn(13, generator=g)]
+
+
+def collectives(rank: int, world: int) -> dict[str, Any]:
+    """The shared-memory communicator's all-reduce / all-gather and gloo's on the same inputs."""
+    from infer.core.ops.comm import ProcessGroupCommunicator
+    from infer_cpu.ops.shm_comm import ShmCommunicator
+
+    shm, gloo = ShmCommunicator(world, rank), ProcessGroupCommunicator(world, rank)
+    out: dict[str, Any] = {"shm_used": shm.uses_shared_memory, "reduce": [], "gather": []}
+    for step in range(3):  # repeated collectives cycle through both buffers
+        for x in _inputs(rank, step):
+            ref = gloo.all_reduce(x.clone())
+            got = shm.all_reduce(x.clone())
+            out["reduce"].append((got, ref))
+            out["gather"].append((shm.all_gather(x, dim=0), gloo.all_gather(x, dim=0)))
+    return out
+
+
+def peer_exits(rank: int, world: int) -> str:
+    """Rank 1 exits before a collective; rank 0 must raise naming it, not hang."""
+    from infer_cpu.ops.shm_comm import ShmCommunicator
+
+    shm = ShmCommunicator(world, rank)
+    assert shm.uses_shared_memory
+    shm.all_reduce(torch.ones(4))
+    if rank == 1:
+        os._exit(0)
+    try:
+        shm.all_reduce(torch.ones(4))
+    except RuntimeError as exc:
+        return str(exc)
+    return "no error"
