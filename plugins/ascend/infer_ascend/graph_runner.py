@@ -23,6 +23,7 @@ import logging
 from typing import Any
 
 import torch
+from infer.core.config.views import GraphConfig
 from infer.core.ops.graph import GraphRunner
 
 from infer_ascend.platform import npu
@@ -32,23 +33,21 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_BS = 64
 
 
-def capture_sizes(server_args: Any) -> list[int]:
-    explicit = getattr(server_args, "cuda_graph_bs", None)
-    if explicit:
-        return sorted({int(b) for b in explicit if int(b) > 0})
-    max_bs = getattr(server_args, "cuda_graph_max_bs", None) or DEFAULT_MAX_BS
-    running = getattr(server_args, "max_running_requests", None)
-    if running:
-        max_bs = min(max_bs, int(running))
+def capture_sizes(graph: GraphConfig) -> list[int]:
+    if graph.batch_sizes:
+        return sorted({int(b) for b in graph.batch_sizes if int(b) > 0})
+    max_bs = graph.max_bs or DEFAULT_MAX_BS
+    if graph.max_running_requests:
+        max_bs = min(max_bs, int(graph.max_running_requests))
     sizes = [b for b in (1, 2, 4, 8) if b <= max_bs] + list(range(16, max_bs + 1, 8))
     return sorted(set(sizes) | {max_bs})
 
 
 class AclGraphRunner(GraphRunner):
-    def __init__(self, model_runner: Any, server_args: Any) -> None:
+    def __init__(self, model_runner: Any, graph: GraphConfig) -> None:
         self.mr = model_runner
-        self.sizes = capture_sizes(server_args)
-        self.padding = not getattr(server_args, "disable_cuda_graph_padding", False)
+        self.sizes = capture_sizes(graph)
+        self.padding = not graph.disable_padding
         self.enabled = bool(getattr(model_runner.attn_backend, "supports_graph_capture", False))
         if not self.enabled:
             log.warning("attention backend %s cannot be captured in an ACL graph; decode runs "
@@ -75,6 +74,9 @@ class AclGraphRunner(GraphRunner):
             fwd = self._static_batch(bs)
             backend.plan(fwd.attn)
             self.mr.model(fwd)  # warm-up outside the graph (kernel selection, workspaces)
+            # plan again: per-batch device tensors the backend derives in its first layer (the
+            # int32 slots) must be made inside the capture, or replays would reuse the warm-up's
+            backend.plan(fwd.attn)
             graph = n.NPUGraph()
             with n.graph(graph, pool=pool, stream=stream, auto_dispatch_capture=True):
                 self.logits[bs] = self.mr.model(fwd)  # [bs, V]
