@@ -35,6 +35,10 @@ class Communicator(ABC):
         rows = x.shape[0] // self.world_size
         return self.all_reduce(x).narrow(0, self.rank * rows, rows)
 
+    def warmup(self) -> None:  # noqa: B027 (optional hook)
+        """Called once before a graph runner captures the forward: a backend whose first
+        collective sets up state that cannot be created during capture does it here."""
+
 
 class ProcessGroupCommunicator(Communicator):
     """Collectives through a torch.distributed process group, whatever its backend (the executor

@@ -48,3 +48,28 @@ def peer_exits(rank: int, world: int) -> str:
     except RuntimeError as exc:
         return str(exc)
     return "no error"
+
+
+def nccl_in_cuda_graph(rank: int, world: int) -> dict[str, Any]:
+    """The CUDA plugin's NCCL communicator captured in a CUDA graph: replaying with new inputs
+    gives what eager collectives give."""
+    from infer_cuda.ops.comm import NcclCommunicator
+
+    torch.cuda.set_device(rank)
+    comm = NcclCommunicator(world, rank)
+    comm.warmup()
+    x = torch.zeros(4, 576, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph):
+        summed = comm.all_reduce(x * 1.0)
+        gathered = comm.all_gather(x, dim=-1)
+    torch.cuda.current_stream().wait_stream(stream)
+    new = torch.randn(4, 576, generator=torch.Generator().manual_seed(rank)).cuda()
+    x.copy_(new)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager_sum = comm.all_reduce(new.clone())
+    eager_gather = comm.all_gather(new, dim=-1)
+    return {"sum": (summed.cpu(), eager_sum.cpu()), "gather": (gathered.cpu(), eager_gather.cpu())}

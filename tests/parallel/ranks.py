@@ -23,13 +23,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, world_size: int, port: int, results: Any, fn: Any, args: tuple) -> None:
+def _entry(rank: int, world_size: int, port: int, results: Any, fn: Any, args: tuple,
+           platform: str) -> None:
     import torch
     import torch.distributed as dist
     from infer.core.plugins import get_plugin_host
 
     torch.set_num_threads(1)
-    backend = get_plugin_host().select("cpu").dist_backend
+    backend = get_plugin_host().select(platform).dist_backend
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size)
     try:
@@ -42,14 +43,15 @@ def _entry(rank: int, world_size: int, port: int, results: Any, fn: Any, args: t
 
 
 def run_ranks(fn: Any, world_size: int, *args: Any, timeout: float = 600.0,
-              wait_for: list[int] | None = None) -> list[Any]:
-    """``wait_for``: the ranks whose results are awaited (default all; None for the others)."""
+              wait_for: list[int] | None = None, platform: str = "cpu") -> list[Any]:
+    """``wait_for``: the ranks whose results are awaited (default all; None for the others);
+    ``platform``: whose ``dist_backend`` the process group uses."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world_size, port, results, fn, args), daemon=True)
+    procs = [ctx.Process(target=_entry, args=(r, world_size, port, results, fn, args, platform), daemon=True)
              for r in range(world_size)]
     for p in procs:
         p.start()

@@ -1,5 +1,14 @@
-"""NCCL collectives through torch.distributed: the core's process-group communicator with
-NCCL's single-tensor all-gather (one output buffer instead of world_size separate ones)."""
+"""NCCL collectives through torch.distributed, safe inside CUDA graphs.
+
+Capture rules (CUDA graphs record NCCL kernels since NCCL 2.9.6; torch's NCCL process group
+handles a capturing stream): every collective is issued on the current stream with no host
+synchronisation and no Python-side decision that depends on tensor contents; outputs are
+allocated with ``torch.empty`` (from the graph's memory pool while capturing) and reshaped
+without a host round trip. NCCL creates its communicator lazily on the first collective, which
+must not happen during capture: ``warmup`` (called by a graph runner before it captures) runs
+one all-reduce and one all-gather eagerly. Single-tensor all-gather and reduce-scatter
+(``*_into_tensor`` / ``reduce_scatter_tensor``) use one output buffer instead of world_size.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +21,26 @@ class NcclCommunicator(ProcessGroupCommunicator):
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         if self.world_size == 1:
             return x
+        return self._all_gather(x, dim)
+
+    def _all_gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         out = torch.empty((self.world_size, *x.shape), dtype=x.dtype, device=x.device)
-        dist.all_gather_into_tensor(out, x.contiguous())
-        return torch.cat(out.unbind(0), dim=dim)
+        dist.all_gather_into_tensor(out, x.contiguous(), group=self.group)
+        d = dim % x.dim()
+        return out.movedim(0, d).reshape(*x.shape[:d], -1, *x.shape[d + 1:])  # [.., W*n, ..]
+
+    def reduce_scatter(self, x: torch.Tensor) -> torch.Tensor:
+        if self.world_size == 1:
+            return x
+        out = torch.empty((x.shape[0] // self.world_size, *x.shape[1:]), dtype=x.dtype,
+                          device=x.device)
+        dist.reduce_scatter_tensor(out, x.contiguous(), group=self.group)
+        return out
+
+    def warmup(self) -> None:
+        if self.world_size == 1:
+            return
+        x = torch.ones(8, device=torch.device("cuda", torch.cuda.current_device()))
+        dist.all_reduce(x, group=self.group)
+        self._all_gather(x, 0)
+        torch.cuda.synchronize()
