@@ -67,3 +67,13 @@ def test_two_ranks_match_one(runs, name):
     # the ranks' results are replicated exactly (identical all-reduce results on every rank)
     for (g0, l0), (g1, l1) in [(results[0][name], results[1][name])]:
         assert g0 == g1 and all(torch.equal(a, b) for a, b in zip(l0, l1, strict=True))
+
+
+@pytest.mark.parametrize("ep", [1, 2])
+def test_moe_with_different_tokens_per_rank(runs, ep):
+    """Dispatch by all-gather and combine by reduce-scatter (ranks holding their own tokens)."""
+    from tp_worker import moe_rank_tokens
+
+    cases, _ = runs
+    errs = run_ranks(moe_rank_tokens, 2, cases["mixtral"]["path"], ep)
+    assert max(errs) < 1e-5, errs

@@ -56,3 +56,20 @@ def native_greedy_on_rank(rank: int, world: int, path: str, prompts: list[list[i
     kinds = {m.quant_kind for m in loaded.model.modules() if isinstance(m, LinearBase)}
     gen, _ = greedy(loaded, prompts, max_new, 16, 16, num_pages=64)
     return gen, kinds
+
+
+def moe_rank_tokens(rank: int, world: int, path: str, ep_size: int) -> float:
+    """A MoE layer fed different tokens on each rank (counts 5 and 9) through
+    ``forward_rank_tokens`` against the one-rank layer on the same tokens: max relative error."""
+    full = load(path, page_size=4)  # one rank: its communicator is the identity
+    split = load(path, tp_size=world, tp_rank=rank, ep_size=ep_size, page_size=4)
+
+    def moe(loaded: Any) -> Any:
+        return next(m for m in loaded.model.modules() if hasattr(m, "forward_rank_tokens"))
+
+    x = torch.randn(5 + 4 * rank, full.arch.hidden_size,
+                    generator=torch.Generator().manual_seed(rank))
+    with torch.no_grad():
+        ref = moe(full)(x)
+        got = moe(split).forward_rank_tokens(x)
+    return ((got - ref).abs().max() / ref.abs().max()).item()

@@ -8,7 +8,8 @@ intermediate rows, so its w13 is [E/ep, 2I/(tp/ep), D] and w2 [E/ep, D, I/(tp/ep
 is replicated and every rank routes the same (replicated) tokens. With ep > 1 the (token,
 expert) assignments that land on this rank's experts are gathered into rows of one expert each
 (k = 1 for the runner) and their outputs scattered back; the partial outputs of all ranks are
-summed by one all-reduce through the platform communicator.
+summed by one all-reduce through the platform communicator. ``forward_rank_tokens`` is the
+variant for ranks holding different tokens: all-gather to dispatch, reduce-scatter to combine.
 """
 
 from __future__ import annotations
@@ -88,6 +89,29 @@ class SparseMoE(nn.Module):
         else:
             out = self._local_experts(x, weights, ids)
         return self.comm.all_reduce(out) if self.tp_size > 1 else out
+
+    def forward_rank_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """For ranks that hold different tokens (data-parallel attention): x [T_r, D], this
+        rank's own tokens (T_r may differ per rank) -> [T_r, D]. Dispatch: all-gather every
+        rank's tokens (padded to the longest) so each rank sees all of them; each computes its
+        experts' partial outputs for all; combine: reduce-scatter hands each rank the sums for
+        its own rows. The engine does not run data-parallel attention yet; this is its MoE."""
+        if self.tp_size == 1:
+            return self.forward(x)
+        counts = self.comm.all_gather(torch.tensor([x.shape[0]], device=x.device), dim=0)
+        longest = int(counts.max())
+        padded = torch.zeros(longest, x.shape[1], dtype=x.dtype, device=x.device)
+        padded[:x.shape[0]] = x
+        every = self.comm.all_gather(padded, dim=0)  # [W * longest, D]
+        probs = torch.softmax(self.gate(every).float(), dim=-1)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.ep_size == 1:
+            partial = self.runner.apply(every, self.w13, self.w2, weights, ids)
+        else:
+            partial = self._local_experts(every, weights, ids)
+        return self.comm.reduce_scatter(partial)[:x.shape[0]]  # [T_r, D]
 
     def _local_experts(self, x: torch.Tensor, weights: torch.Tensor,
                        ids: torch.Tensor) -> torch.Tensor:

@@ -150,6 +150,12 @@ class ShmCommunicator(ProcessGroupCommunicator):
             x.copy_(flat.view(x.shape))
         return x
 
+    def reduce_scatter(self, x: torch.Tensor) -> torch.Tensor:
+        if self.world_size == 1 or not self._usable(x) or not x.is_floating_point():
+            return super().reduce_scatter(x)
+        rows = x.shape[0] // self.world_size  # through the segment: all-reduce, keep our rows
+        return self.all_reduce(x.clone()).narrow(0, self.rank * rows, rows)
+
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         if self.world_size == 1:
             return x
