@@ -71,6 +71,7 @@ class ModelContext:
     tp_rank: int = 0
     ep_size: int = 1  # expert-parallel groups inside the tp ranks (divides tp_size)
     context_length: int | None = None  # longest sequence; sizes the rotary table
+    deterministic: bool = False  # --enable-deterministic-inference (batch-invariant kernels)
     attn_backend: AttentionBackend | None = field(default=None)
     ops: LayerOps = REFERENCE_OPS  # RMSNorm / rotary / SiLU gate (platform kernels or torch)
 
@@ -79,7 +80,8 @@ class ModelContext:
               attention_backend: str | None = None, moe_runner_backend: str | None = "auto",
               quantization: str | None = None, load_format: str = "auto",
               dtype_explicit: bool = False, tp_size: int = 1, tp_rank: int = 0,
-              ep_size: int = 1, comm_group: Any = None) -> ModelContext:
+              ep_size: int = 1, comm_group: Any = None,
+              deterministic: bool = False) -> ModelContext:
         """Resolve every implementation; raises ModelContextError for an unavailable name."""
         if not 0 <= tp_rank < tp_size or tp_size % ep_size:
             raise ModelContextError(f"tp_rank {tp_rank} / tp_size {tp_size} / ep_size {ep_size}: "
@@ -93,11 +95,13 @@ class ModelContext:
         if (quantization is None and load_format == "gguf" and not dtype_explicit
                 and Registries.pick(reg.linear, "gguf", platform.name) is not None):
             quant_key = "gguf"
-        lin_cfg = LinearConfig(quantization=quant_key, dtype=dtype, device=device)
+        lin_cfg = LinearConfig(quantization=quant_key, dtype=dtype, device=device,
+                               deterministic=deterministic)
         linear = _pick(reg.linear, quant_key, platform, "linear method", "--quantization")(lin_cfg)
         dense = (linear if quant_key is None else
                  _pick(reg.linear, None, platform, "linear method", "--quantization")(
-                     LinearConfig(quantization=None, dtype=dtype, device=device)))
+                     LinearConfig(quantization=None, dtype=dtype, device=device,
+                                  deterministic=deterministic)))
         moe_name = moe_runner_backend or "auto"
         moe = _pick(reg.moe, moe_name, platform, "MoE runner", "--moe-runner-backend")()
         comm_factory = _pick(reg.communicators, platform.dist_backend, platform, "communicator",
@@ -108,7 +112,7 @@ class ModelContext:
                    attention_backend_name=attn_name, attention_factory=attn_factory,
                    quantization=quant_key, linear_method=linear, dense_linear_method=dense,
                    moe_runner_name=moe_name, moe_runner=moe, comm=comm,
-                   tp_size=tp_size, tp_rank=tp_rank, ep_size=ep_size,
+                   tp_size=tp_size, tp_rank=tp_rank, ep_size=ep_size, deterministic=deterministic,
                    ops=LayerOps.with_kernels({name: Registries.pick(reg.layer_ops, name, platform.name)
                                               for name in OPS}))
 

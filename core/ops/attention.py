@@ -31,6 +31,9 @@ class AttentionConfig:
     num_layers: int
     max_batch_size: int = 256
     max_context_len: int = 4096
+    # --enable-deterministic-inference: each query row reduced over its keys in a fixed order,
+    # whatever the prefill/extend/decode split and the batch; a backend that cannot refuses
+    deterministic: bool = False
 
 
 @dataclass

@@ -18,6 +18,9 @@ class LinearConfig:
     quantization: str | None  # --quantization value, None for unquantized
     dtype: torch.dtype  # activation / unquantized weight dtype
     device: torch.device
+    # --enable-deterministic-inference: every row's result independent of the batch (its size,
+    # the other rows, chunking); a method that cannot give that refuses the layer at load
+    deterministic: bool = False
 
 
 class LinearMethod(ABC):
