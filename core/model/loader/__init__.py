@@ -84,7 +84,8 @@ def load_model(model_path: str, *, platform: Any = None, host: Any = None, dtype
                skip_tokenizer_init: bool = False, progress: bool = True,
                seed: int = 0, torchao_config: str = "", kv_cache_dtype: str = "auto",
                quantization_param_path: str | None = None, tp_size: int = 1, tp_rank: int = 0,
-               ep_size: int = 1, comm_group: Any = None) -> LoadedModel:
+               ep_size: int = 1, comm_group: Any = None,
+               enable_deterministic_inference: bool = False) -> LoadedModel:
     """Build the model for ``model_path`` on the active platform. Settings carry the SGLang
     server-argument meanings; errors name the bad value and what to use instead. With
     ``tp_size`` > 1 this builds and loads rank ``tp_rank``'s shard only (its process group
@@ -145,13 +146,15 @@ def load_model(model_path: str, *, platform: Any = None, host: Any = None, dtype
                              attention_backend=attention_backend,
                              moe_runner_backend=moe_runner_backend, quantization=quantization,
                              load_format=source.load_format,
-                             dtype_explicit=dtype_explicit or dtype != "auto")
+                             dtype_explicit=dtype_explicit or dtype != "auto",
+                             deterministic=enable_deterministic_inference)
     ctx.context_length = length
     ctx.create_attention_backend(AttentionConfig(
         num_heads=arch.num_heads // ctx.tp_size, num_kv_heads=kv_head_slice(arch.num_kv_heads, tp_size, tp_rank).size,
         head_dim=arch.head_dim, scale=arch.head_dim ** -0.5, page_size=page_size,
         dtype=torch_dtype, kv_dtype=arch.kv_dtype, device=ctx.device,
-        num_layers=arch.num_layers, max_batch_size=max_batch_size, max_context_len=length))
+        num_layers=arch.num_layers, max_batch_size=max_batch_size, max_context_len=length,
+        deterministic=enable_deterministic_inference))
 
     with torch.device(ctx.device):
         model = model_cls(config, ctx)
