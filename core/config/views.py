@@ -111,9 +111,7 @@ class LoadConfig:
 
     def load_kwargs(self) -> dict[str, Any]:
         """``load_model`` keyword arguments (everything but ``model_path``)."""
-        kw = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "model_path"}
-        kw.pop("enable_deterministic_inference")
-        return kw
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "model_path"}
 
 
 @dataclass(frozen=True)

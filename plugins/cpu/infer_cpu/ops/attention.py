@@ -13,16 +13,26 @@ same bits. Any input the kernel declines, and every other cache dtype, runs the 
 from __future__ import annotations
 
 import torch
-from infer.core.ops.attention import AttentionMetadata
+from infer.core.ops.attention import AttentionConfig, AttentionMetadata
 from infer.core.ops.reference.attention import TorchNativeAttention as ReferenceAttention
 
 from infer_cpu import kernels
 
 
 class TorchNativeAttention(ReferenceAttention):
+    def __init__(self, config: AttentionConfig) -> None:
+        super().__init__(config)
+        if config.deterministic and not self._kernel_fits():
+            from infer_cpu.quant.methods import refuse_nondeterministic
+
+            refuse_nondeterministic(f"attention over a {config.kv_dtype} KV cache (torch SDPA)")
+
+    def _kernel_fits(self) -> bool:
+        return (self.config.kv_dtype == torch.float32 and self.config.device.type == "cpu"
+                and kernels.load() is not None)
+
     def plan(self, meta: AttentionMetadata) -> None:
-        self._native = (self.config.kv_dtype == torch.float32 and self.config.device.type == "cpu"
-                        and kernels.load() is not None)
+        self._native = self._kernel_fits()
         if self._native:
             self.meta = meta  # the reference's plans are made only if the kernel declines
             self._rows = self._query_rows(meta)
@@ -54,6 +64,10 @@ class TorchNativeAttention(ReferenceAttention):
                                        meta.page_size, self.config.scale)
             if out is not None:
                 return out
+            if self.config.deterministic:
+                from infer_cpu.quant.methods import refuse_nondeterministic
+
+                refuse_nondeterministic(f"attention on {q.dtype} queries of {tuple(q.shape)}")
             self._native = False  # inputs the kernel does not take: the reference, this step
             super().plan(meta)
         return super().forward(q, k, v, k_cache, v_cache, layer_id)

@@ -29,6 +29,10 @@ class NativeDenseLinearMethod(DenseLinearMethod):
         return self.config.dtype == torch.bfloat16 and kb.load() is not None
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
+        if self.config.deterministic:  # neither the bf16 kernel nor torch's GEMM is batch invariant
+            from infer_cpu.quant.methods import refuse_nondeterministic
+
+            refuse_nondeterministic(f"a dense {self.config.dtype} linear layer")
         layer.bf16_packed = None
         if not (self._native() and _packable(layer.weight)):
             return
@@ -39,6 +43,10 @@ class NativeDenseLinearMethod(DenseLinearMethod):
 
     def process_lm_head(self, lm_head: nn.Module) -> None:
         """bf16 LM head on the native kernel: hidden [N, hidden] -> float32 logits [N, vocab]."""
+        if self.config.deterministic:
+            from infer_cpu.quant.methods import refuse_nondeterministic
+
+            refuse_nondeterministic(f"a dense {self.config.dtype} LM head")
         if not (self._native() and _packable(lm_head.weight)):
             return
         packed = kb.pack(lm_head.weight.data)

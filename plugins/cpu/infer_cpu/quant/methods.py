@@ -45,6 +45,16 @@ from infer_cpu.quant.packing import (
 COMPUTE_DTYPE = torch.bfloat16
 
 
+def refuse_nondeterministic(what: str) -> None:
+    """``--enable-deterministic-inference`` with a layer the batch-invariant kernels do not serve
+    is an error at load, never a silent fallback."""
+    raise ValueError(
+        f"--enable-deterministic-inference: {what} would not be batch invariant on the CPU. Only "
+        f"the native float32 path is: a GGUF model with Q4_0/Q4_1/Q8_0 linear weights at float32 "
+        f"activations (the default --dtype auto, with a C compiler for the native kernels) and a "
+        f"float32 KV cache; serve such a model or drop the flag")
+
+
 def _drop_dense(layer: nn.Module) -> None:
     """Free the dequantised weight once a packed copy exists (no code path reads it after)."""
     layer.weight = None
@@ -73,6 +83,9 @@ class GGUFLinearMethod(LinearMethod):
                 q, scale = quantize_int8_rows(gguf_q8_0_values(raw, rows))
                 layer.int8_q, layer.int8_scale = q, scale.to(COMPUTE_DTYPE)
                 layer.quant_kind = "int8"
+        if self.config.deterministic and layer.quant_kind != "native":
+            refuse_nondeterministic(f"a {layer.quant_kind} linear layer (GGUF type "
+                                    f"{getattr(qtype, 'name', qtype)}, {self.config.dtype})")
         if layer.quant_kind != "dense":
             _drop_dense(layer)
         layer.gguf_raw = None  # the raw blocks are not needed after packing
@@ -87,10 +100,14 @@ class GGUFLinearMethod(LinearMethod):
 
             def native(hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
                 y = kernels.fgemm(hidden.reshape(-1, hidden.shape[-1]), qw)
+                if y is None and self.config.deterministic:
+                    refuse_nondeterministic(f"a {hidden.dtype} input to the LM head")
                 return y if y is not None else F.linear(hidden, qw.dequantize().to(hidden.dtype))
 
             lm_head.quant_apply = native
             return
+        if self.config.deterministic:
+            refuse_nondeterministic(f"the per-row int8 LM head ({self.config.dtype})")
         q, scale = quantize_int8_rows(lm_head.weight.data)
         scale = scale.to(COMPUTE_DTYPE)
         lm_head.int8_q, lm_head.int8_scale = q, scale
@@ -113,6 +130,8 @@ class GGUFLinearMethod(LinearMethod):
         if kind == "native":
             y = kernels.fgemm(x2, layer.qweight, layer.bias)
             if y is None:  # an input the kernel does not take (not float32 rows): dequantise
+                if self.config.deterministic:
+                    refuse_nondeterministic(f"a {x.dtype} input of {tuple(x.shape)} to a GGUF layer")
                 return F.linear(x, layer.qweight.dequantize().to(x.dtype), layer.bias)
             return y.reshape(*lead, y.shape[-1])
         if kind == "int4":
@@ -129,6 +148,8 @@ class Int8WeightOnlyLinearMethod(LinearMethod):
     """Per-output-row symmetric int8 weights; activations stay in floating point."""
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
+        if self.config.deterministic:
+            refuse_nondeterministic("--torchao-config int8wo (torch's int8 weight-only matmul)")
         q, scale = quantize_int8_rows(layer.weight.data)
         layer.int8_q, layer.int8_scale = q, scale.to(COMPUTE_DTYPE)
         _drop_dense(layer)
