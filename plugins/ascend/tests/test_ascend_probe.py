@@ -67,6 +67,29 @@ def test_probe_not_found_says_why(installed, nodes, chips, err, needle):
     assert not r.found and needle in r.reason
 
 
+@pytest.mark.parametrize("name,gen", [("Ascend910B3", "A2"), ("Ascend910_9391", "A3"),
+                                      ("Ascend310P3", None)])
+def test_generation_from_torch_npu_device_name(name, gen):
+    from infer_ascend.platform import generation_from_device_name
+
+    assert generation_from_device_name(name) == gen
+
+
+def test_default_adjustments_page_size_and_backend():
+    from infer.core.config import ServerArgs
+    from infer.core.config.gate import apply_platform_defaults
+    from infer_ascend.platform import create_platform
+
+    p = create_platform(ap.probe_from(True, [Path("/dev/davinci0")], ["910B2"]))
+    args = ServerArgs(model_path="m")
+    applied = {a.name: a.value for a in apply_platform_defaults(args, p)}
+    assert applied["page_size"] == 128 and args.page_size == 128
+    assert applied["attention_backend"] == "ascend"
+    explicit = ServerArgs(model_path="m", page_size=256)
+    apply_platform_defaults(explicit, p)
+    assert explicit.page_size == 256  # a user's value is kept
+
+
 def test_probe_on_this_machine():
     r = ap.probe()
     if r.found:
@@ -75,5 +98,30 @@ def test_probe_on_this_machine():
 
 
 def test_platform_object():
-    p = ap.create_platform(ap.probe_from(True, [Path("/dev/davinci0")], ["910B2"]))
-    assert (p.name, p.generation, p.torch_device, p.dist_backend) == ("ascend", "A2", "npu", "hccl")
+    from infer_ascend.platform import create_platform
+
+    p = create_platform(ap.probe_from(True, [Path("/dev/davinci0")], ["910B2"]))
+    assert (p.name, p.generation, p.dist_backend) == ("ascend", "A2", "hccl")
+    assert (p.default_attention_backend, p.default_graph_runner) == ("ascend", "acl_graph")
+
+
+def test_cann_missing_says_what_to_install():
+    r = ap.probe_from(True, [Path("/dev/davinci0")], ["910B2"], cann_home=None)
+    assert not r.found and "CANN toolkit" in r.reason and "set_env.sh" in r.reason
+    assert "Ascend-cann-toolkit" in r.reason
+
+
+def test_cann_toolkit_lookup(tmp_path):
+    assert ap.cann_toolkit(env={}, default=tmp_path / "none") is None
+    (tmp_path / "tk" / "lib64").mkdir(parents=True)
+    assert ap.cann_toolkit(env={"ASCEND_TOOLKIT_HOME": str(tmp_path / "tk")},
+                           default=tmp_path / "none") == tmp_path / "tk"
+    assert ap.cann_toolkit(env={"ASCEND_HOME_PATH": str(tmp_path / "x")},
+                           default=tmp_path / "tk") == tmp_path / "tk"
+
+
+def test_probe_with_torch_npu_but_no_cann(monkeypatch):
+    monkeypatch.setattr(ap.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(ap, "cann_toolkit", lambda: None)
+    r = ap.probe()
+    assert not r.found and "CANN toolkit" in r.reason
