@@ -4,6 +4,11 @@ One GrammarBackend per engine compiles json_schema / regex / ebnf constraints (c
 each constrained request holds its own matcher. Per step the model runner asks for a bitmask
 [B, ceil(V/32)] int32 (all bits set for unconstrained rows) and applies it to the logits; after
 sampling, each constrained request's matcher accepts its token.
+
+JSON (a json_schema, and OpenAI's json_object mode as the schema ``{"type": "object"}``) ends when
+its value closes: the grammar then allows only a stop token, so the request finishes there. Runs of
+whitespace between JSON tokens are at most ``JSON_MAX_WHITESPACE`` characters, so a model cannot
+stall in an endless run of newlines or indentation (the usual way JSON mode fails to end).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import Any
 import torch
 
 GRAMMAR_BACKENDS = ("xgrammar",)
+JSON_MAX_WHITESPACE = 24  # one newline and the indentation of a value nested 5 levels deep
 
 
 class GrammarError(ValueError):
@@ -36,7 +42,8 @@ class GrammarBackend:
             try:
                 if kind == "json_schema":
                     compiled = (self.compiler.compile_builtin_json_grammar() if text == "$$ANY$$"
-                                else self.compiler.compile_json_schema(text))
+                                else self.compiler.compile_json_schema(
+                                    text, max_whitespace_cnt=JSON_MAX_WHITESPACE))
                 elif kind == "regex":
                     compiled = self.compiler.compile_regex(text)
                 elif kind == "ebnf":

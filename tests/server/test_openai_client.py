@@ -131,10 +131,12 @@ def test_json_mode_output_parses(client):
         model="tiny", messages=[{"role": "user", "content": "json please"}], temperature=0, max_tokens=40,
         response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
     assert isinstance(json.loads(r.choices[0].message.content)["ok"], bool)
-    r = client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "json please"}], temperature=0, max_tokens=200,
-        response_format={"type": "json_object"}, extra_body={"regex": None})
-    if r.choices[0].finish_reason == "stop":
+    # JSON mode ends when the object closes: the reply is exactly one object (greedy, so fixed)
+    for content in ("json please", "Hello world", "numbers 0 1 2"):
+        r = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": content}], temperature=0, max_tokens=200,
+            response_format={"type": "json_object"}, extra_body={"regex": None})
+        assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
         assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
