@@ -92,3 +92,17 @@ def device(session: nox.Session) -> None:
     session.run(*bench, "--model", "llama3-8b", "--batch", "1", "64", *fast)
     session.run(*bench, "--model", "mixtral-16l", "--batch", "1", "64", "--max-total-tokens",
                 "40000", *fast)
+
+
+@nox.session(venv_params=VENV)
+def ascend(session: nox.Session) -> None:
+    """On an Ascend A2/A3 machine with CANN (opt-in): the Ascend plugin's tests on the NPU
+    (INFER_ASCEND_HARDWARE=1 runs them on the real torch_npu instead of the emulation; the tests
+    of the emulation itself skip), then a decode benchmark of the default model at batch 1 and 64.
+    Posargs replace the benchmark's arguments."""
+    install_infer(session)
+    session.install("-e", "plugins/ascend[npu]")
+    session.run("python", "-m", "pytest", "plugins/ascend/tests", env={"INFER_ASCEND_HARDWARE": "1"})
+    bench = session.posargs or ["--model-path", "smollm2", "--dtype", "bfloat16",
+                                "--batch-size", "1", "--batch-size", "64"]
+    session.run("infer", "bench", "one-batch", "--device", "ascend", *bench)
