@@ -18,6 +18,10 @@ def run(rank: int, world: int, port: int, out_dir: str, emulated: bool) -> None:
     from infer_ascend.ops.comm import HcclCommunicator
     from infer_ascend.ops.moe import AscendMoERunner
 
+    if not emulated:
+        import torch_npu  # noqa: F401 (registers torch.npu)
+
+        torch.npu.set_device(rank)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     backend = "gloo" if emulated else "hccl"
     dist.init_process_group(backend, rank=rank, world_size=world)
