@@ -39,7 +39,7 @@ from infer.server.metrics import Metrics
 from infer.server.reasoning import check_parser
 from infer.server.request_limits import max_request_bytes
 from infer.server.serving import ServerState
-from infer.server.tool_parsers import get_parser
+from infer.server.tool_parsers import detect_parser, get_parser
 
 logger = logging.getLogger("infer.server")
 
@@ -135,11 +135,12 @@ async def _stop_engine(client: EngineClient) -> None:
 async def _run_http(args: Any, client: EngineClient) -> int:
     ready = client.ready
     model_name = getattr(args, "served_model_name", None) or str(getattr(args, "model_path", "model"))
+    template = resolve_chat_template(getattr(args, "chat_template", None), ready.chat_template)
     state = ServerState(
-        args=args, client=client, tokenizer=ready.tokenizer,
-        chat_template=resolve_chat_template(getattr(args, "chat_template", None), ready.chat_template),
+        args=args, client=client, tokenizer=ready.tokenizer, chat_template=template,
         model_name=model_name, context_length=ready.context_length,
-        metrics=Metrics(model_name, args) if getattr(args, "enable_metrics", False) else None)
+        metrics=Metrics(model_name, args) if getattr(args, "enable_metrics", False) else None,
+        tool_call_parser=_tool_call_parser(args, template))
     host, port = getattr(args, "host", "127.0.0.1"), int(getattr(args, "port", 30000))
     config = uvicorn.Config(build_app(state), host=host, port=port, lifespan="off",
                             log_level=_http_log_level(args),
@@ -157,6 +158,18 @@ async def _run_http(args: Any, client: EngineClient) -> int:
         for t in tasks:
             t.cancel()
     return server.exit_code
+
+
+def _tool_call_parser(args: Any, template: str | None) -> str | None:
+    """--tool-call-parser, else the parser the chat template names unambiguously (logged)."""
+    chosen = getattr(args, "tool_call_parser", None)
+    if chosen:
+        return chosen
+    detected = detect_parser(template)
+    if detected is not None:
+        logger.info("default: --tool-call-parser %s (the chat template uses its tool-call format); "
+                    "set --tool-call-parser to choose another", detected)
+    return detected
 
 
 def _http_log_level(args: Any) -> str:

@@ -211,7 +211,6 @@ async def chat_completions(request: Request) -> Response:
     body = parse_body(ChatCompletionRequest, await read_body(request))
     check_model(s, body.model)
     s.need_tokenizer("/v1/chat/completions")
-    args = s.args
     tools_on = bool(body.tools) and body.tool_choice != "none"
     forced = forced_schema(body) if tools_on else None
     if body.tool_choice not in (None, "none") and not body.tools:
@@ -219,11 +218,11 @@ async def chat_completions(request: Request) -> Response:
     if isinstance(body.tool_choice, NamedToolChoice) and forced is None:
         raise bad_request(f"tool_choice names the function {body.tool_choice.function.name!r}, "
                           "which is not in tools", param="tool_choice")
-    parser_name = getattr(args, "tool_call_parser", None)
-    if tools_on and forced is None and not parser_name:
-        raise bad_request("tool_choice 'auto' needs the server started with --tool-call-parser "
-                          "(hermes, qwen25 or llama3); or use tool_choice 'required' or a named function",
-                          param="tool_choice")
+    if tools_on and forced is None and not s.tool_call_parser:
+        raise bad_request("tool_choice 'auto' needs a tool-call parser, and this model's chat template "
+                          "does not say which format it calls tools in: start the server with "
+                          "--tool-call-parser (hermes, qwen25 or llama3), or use tool_choice 'required' "
+                          "or a named function", param="tool_choice")
     prompt = render_chat(s.tokenizer, s.chat_template, body, with_tools=tools_on)
     ids = (await s.prompts.encode([prompt], add_special_tokens=False, param="messages"))[0]
     max_new = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -256,7 +255,7 @@ class _ChatFormat:
         self.tt = TokenText(s.tokenizer)
         reasoning = getattr(s.args, "reasoning_parser", None) if body.separate_reasoning else None
         thinking = bool((body.chat_template_kwargs or {}).get("enable_thinking", True))
-        parser_name = getattr(s.args, "tool_call_parser", None)
+        parser_name = s.tool_call_parser
         self.asm = [ChoiceAssembler(ReasoningSplitter(reasoning, thinking) if reasoning else None,
                                     get_parser(parser_name) if (tools_on and parser_name) else None,
                                     forced) for _ in range(body.n)]

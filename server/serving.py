@@ -43,6 +43,7 @@ class ServerState:
     draining: bool = False
     in_flight: int = 0
     started: float = field(default_factory=time.time)
+    tool_call_parser: str | None = None  # --tool-call-parser, or the one the chat template names
     prompts: PromptEncoder = field(init=False)
 
     def __post_init__(self) -> None:

@@ -9,6 +9,9 @@ the parser.
 
 Streaming: ``hold_from(text)`` says where a tool call may begin; text before it streams as
 content, the rest is held and parsed when the sequence ends.
+
+Without ``--tool-call-parser`` the parser is chosen from the chat template when it names exactly one
+of the formats above (``detect_parser``); otherwise tool_choice "auto" stays a 400.
 """
 
 from __future__ import annotations
@@ -107,6 +110,21 @@ class Llama3JsonParser:
 
 PARSERS: dict[str, type] = {"hermes": HermesParser, "qwen25": HermesParser, "qwen": HermesParser,
                             "llama3": Llama3JsonParser}
+
+
+# What in a chat template shows which format the model was trained to call tools in.
+_TEMPLATE_MARKERS: dict[str, tuple[str, ...]] = {
+    "hermes": ("<tool_call>",),  # Hermes, Qwen2.5, Qwen3
+    "llama3": ("<|python_tag|>", '"parameters": dictionary of argument name'),  # Llama 3.1+
+}
+
+
+def detect_parser(chat_template: str | None) -> str | None:
+    """The parser whose markers the template holds, when exactly one format's are there."""
+    if not chat_template:
+        return None
+    found = [name for name, marks in _TEMPLATE_MARKERS.items() if any(m in chat_template for m in marks)]
+    return found[0] if len(found) == 1 else None
 
 
 def get_parser(name: str) -> HermesParser | Llama3JsonParser:

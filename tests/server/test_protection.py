@@ -95,6 +95,17 @@ def test_queue_full_gets_503_with_retry_after(guarded):
         assert "max-queued-requests" in busy.json()["error"]["message"]
 
 
+def test_auto_tool_choice_needs_a_parser_when_the_template_names_none(guarded):
+    """chatml holds no tool-call markers and no --tool-call-parser was given: a clear 400."""
+    good = openai.OpenAI(base_url=f"{guarded.url}/v1", api_key=KEY, max_retries=0)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    with pytest.raises(openai.BadRequestError) as err:
+        good.chat.completions.create(model=good.models.list().data[0].id, tools=tools, max_tokens=4,
+                                     messages=[{"role": "user", "content": "x"}])
+    assert err.value.body["param"] == "tool_choice" and "--tool-call-parser" in err.value.body["message"]
+    assert "default: --tool-call-parser" not in guarded.output()
+
+
 def test_sigterm_drains_running_requests(guarded):
     """Last in this module: the server stops."""
     got: dict = {}
