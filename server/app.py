@@ -3,17 +3,23 @@
 No ``@app.middleware("http")`` (it would hide client disconnects from the routes): API keys are
 route dependencies, errors are exception handlers. Every error leaves as an OpenAI-style body;
 an unexpected exception is logged with its traceback and answered 500 without it.
+
+The OpenAPI document is served at /openapi.json (and read by /docs); the request bodies in it are
+the pydantic models of ``protocol`` that the routes validate with.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from infer.server import routes_native, routes_openai
 from infer.server.errors import APIError, error_body
+from infer.server.protocol import EmbeddingRequest, openapi_body, openapi_schemas
 from infer.server.serving import ServerState
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -22,14 +28,14 @@ logger = logging.getLogger("infer.server")
 
 def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="infer", root_path=getattr(state.args, "fastapi_root_path", "") or "",
-                  docs_url=None, redoc_url=None, openapi_url=None)
+                  docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
     app.state.infer = state
     app.include_router(routes_native.open_router)
     app.include_router(routes_native.api_router)
     app.include_router(routes_native.admin_router)
     app.include_router(routes_openai.router)
 
-    @app.post("/v1/embeddings")
+    @app.post("/v1/embeddings", openapi_extra=openapi_body(EmbeddingRequest))
     async def embeddings(request: Request) -> JSONResponse:
         raise APIError(501, "embeddings are not implemented by infer (--is-embedding is "
                             "not-implemented in the support matrix)", code="not_implemented")
@@ -58,4 +64,12 @@ def build_app(state: ServerState) -> FastAPI:
         return JSONResponse(error_body(500, f"internal error: {type(err).__name__}: {err}"),
                             status_code=500)
 
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            doc.setdefault("components", {}).setdefault("schemas", {}).update(openapi_schemas())
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app

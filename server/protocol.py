@@ -50,7 +50,7 @@ class SamplingExtras(_Strict):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0, le=2)
-    seed: int | None = Field(None, ge=-(1 << 63), lt=1 << 64)
+    seed: int | None = Field(None, ge=-(1 << 63), lt=1 << 63)  # a 64-bit signed integer
     stop: str | list[str] | None = None
     stop_token_ids: TokenIds | None = None
     ignore_eos: bool = False
@@ -187,6 +187,28 @@ class EmbeddingRequest(_Strict):
 
 
 M = TypeVar("M", bound=BaseModel)
+
+_SCHEMA_REF = "#/components/schemas/{model}"
+
+
+def openapi_body(model: type[BaseModel]) -> dict[str, Any]:
+    """``openapi_extra`` of a route that reads its JSON body with ``parse_body(model, ...)``.
+
+    The routes read raw bodies (to answer OpenAI-style 400s themselves), so FastAPI cannot see
+    the body model; this names it in the operation, and ``openapi_schemas`` supplies its schema.
+    """
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": _SCHEMA_REF.format(model=model.__name__)}}}}}
+
+
+def openapi_schemas() -> dict[str, Any]:
+    """JSON schemas of every request body, keyed by model name (for ``components.schemas``)."""
+    from pydantic.json_schema import models_json_schema
+
+    models = (CompletionRequest, ChatCompletionRequest, GenerateRequest, TokenizeRequest,
+              DetokenizeRequest, AbortRequest, EmbeddingRequest)
+    _, top = models_json_schema([(m, "validation") for m in models], ref_template=_SCHEMA_REF)
+    return top["$defs"]
 
 
 def parse_body(model: type[M], raw: bytes) -> M:

@@ -26,6 +26,7 @@ from infer.server.protocol import (
     DetokenizeRequest,
     GenerateRequest,
     TokenizeRequest,
+    openapi_body,
     parse_body,
 )
 from infer.server.request_limits import read_body
@@ -99,7 +100,7 @@ async def get_model_info(request: Request) -> dict[str, Any]:
             "has_chat_template": s.chat_template is not None}
 
 
-@api_router.post("/tokenize")
+@api_router.post("/tokenize", openapi_extra=openapi_body(TokenizeRequest))
 async def tokenize(request: Request) -> dict[str, Any]:
     s = _state(request)
     body = parse_body(TokenizeRequest, await read_body(request))
@@ -115,7 +116,7 @@ async def tokenize(request: Request) -> dict[str, Any]:
     return {"tokens": tokens, "count": count, "max_model_len": s.context_length}
 
 
-@api_router.post("/detokenize")
+@api_router.post("/detokenize", openapi_extra=openapi_body(DetokenizeRequest))
 async def detokenize(request: Request) -> dict[str, Any]:
     s = _state(request)
     body = parse_body(DetokenizeRequest, await read_body(request))
@@ -130,7 +131,7 @@ async def detokenize(request: Request) -> dict[str, Any]:
     return {"text": s.tokenizer.decode(ids, skip_special_tokens=body.skip_special_tokens)}
 
 
-@api_router.post("/abort_request")
+@api_router.post("/abort_request", openapi_extra=openapi_body(AbortRequest))
 async def abort_request(request: Request) -> dict[str, Any]:
     s = _state(request)
     body = parse_body(AbortRequest, await read_body(request))
@@ -147,7 +148,7 @@ async def abort_request(request: Request) -> dict[str, Any]:
     return {"aborted": rids}
 
 
-@api_router.post("/generate")
+@api_router.post("/generate", openapi_extra=openapi_body(GenerateRequest))
 async def generate(request: Request) -> Response:
     s = _state(request)
     body = parse_body(GenerateRequest, await read_body(request))

@@ -31,7 +31,13 @@ from infer.server.openai_format import (
     sse,
     usage,
 )
-from infer.server.protocol import ChatCompletionRequest, CompletionRequest, NamedToolChoice, parse_body
+from infer.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    NamedToolChoice,
+    openapi_body,
+    parse_body,
+)
 from infer.server.reasoning import ReasoningSplitter
 from infer.server.request_limits import read_body
 from infer.server.serving import GenerateJob, ServerState, Serving, cancel_on_disconnect, make_params
@@ -95,7 +101,7 @@ def _stream(events: AsyncIterator[str]) -> StreamingResponse:
 
 
 # -- /v1/completions ---------------------------------------------------------------------------
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=openapi_body(CompletionRequest))
 async def completions(request: Request) -> Response:
     s = _state(request)
     body = parse_body(CompletionRequest, await read_body(request))
@@ -205,7 +211,7 @@ class _CompletionFormat:
 
 
 # -- /v1/chat/completions ----------------------------------------------------------------------
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=openapi_body(ChatCompletionRequest))
 async def chat_completions(request: Request) -> Response:
     s = _state(request)
     body = parse_body(ChatCompletionRequest, await read_body(request))

@@ -138,7 +138,8 @@ class Serving:
     def _add(self, job: GenerateJob, i: int) -> ipc.AddRequest:
         params = dataclasses.replace(job.params, n=1, stop=list(job.params.stop))
         if params.seed is not None and i:
-            params.seed = params.seed + i  # distinct but reproducible samples per choice
+            # distinct but reproducible samples per choice, wrapped into the int64 range
+            params.seed = (params.seed + i + (1 << 63)) % (1 << 64) - (1 << 63)
         rid = job.rid if job.n == 1 else f"{job.rid}-{i}"
         return ipc.AddRequest(rid, list(job.prompt_ids), params, job.return_logprob,
                               job.top_logprobs_num, job.logprob_start_len)

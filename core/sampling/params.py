@@ -96,8 +96,9 @@ class SamplingParams:
         if not isinstance(self.stop_token_ids, list) or not all(
                 isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
             bad("stop_token_ids", "must be a list of non-negative token ids")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            bad("seed", "must be an integer")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
+                                      or not -(1 << 63) <= self.seed < 1 << 63):
+            bad("seed", "must be an integer in [-2**63, 2**63) (a 64-bit signed integer)")
         if not isinstance(self.n, int) or not 1 <= self.n <= 128:
             bad("n", "must be an integer in [1, 128]")
         if sum(x is not None for x in (self.json_schema, self.regex, self.ebnf)) > 1:

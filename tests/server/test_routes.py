@@ -30,6 +30,9 @@ BAD_REQUESTS = [
     ("/v1/completions", b'{"prompt": [], "max_tokens": 2}', 400, "prompt"),
     ("/v1/completions", b'{"prompt": [999999], "max_tokens": 2}', 400, None),
     ("/v1/completions", b'{"prompt": "x", "regex": "(", "max_tokens": 2}', 400, None),
+    # seeds beyond int64 crashed the engine (found by schemathesis)
+    ("/v1/completions", b'{"prompt": "x", "seed": 18446744073709551614, "max_tokens": 2}', 400, "seed"),
+    ("/generate", b'{"text": "x", "sampling_params": {"seed": 9223372036854775808}}', 400, "seed"),
     ("/v1/chat/completions", b'{"messages": []}', 400, "messages"),
     ("/v1/chat/completions", b'{"messages": [{"role": "wizard", "content": "x"}]}', 400, "messages.role"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "tool_choice": "auto"}',
