@@ -17,7 +17,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=os.environ.get("INFER_DEVICE"),
                         help="platform name (cpu, cuda, ascend, ...); default: INFER_DEVICE, "
                              "else the platform infer would select on this machine")
+    parser.add_argument("--page-sizes", default="1,16", metavar="N,N",
+                        help="KV page sizes to check attention with (default: 1,16)")
     args, pytest_args = parser.parse_known_args(argv)
+    try:
+        sizes = [int(p) for p in args.page_sizes.split(",")]
+        if not sizes or min(sizes) < 1:
+            raise ValueError
+    except ValueError:
+        print(f"--page-sizes {args.page_sizes}: expected positive integers separated by commas, "
+              f"such as 16,128", file=sys.stderr)
+        return 2
     try:
         import pytest
     except ImportError:
@@ -37,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"conformance kit: {e}", file=sys.stderr)
         return 2
     os.environ["INFER_DEVICE"] = name
+    os.environ["INFER_CONFORMANCE_PAGE_SIZES"] = ",".join(map(str, sizes))
     module = str(Path(__file__).with_name("test_platform.py"))
     return int(pytest.main([module, "-p", "no:cacheprovider", "-rs", *pytest_args]))
 

@@ -18,6 +18,7 @@ from infer.core.ops import reference
 from infer.core.plugins import PluginHost, Registries, load_target
 from infer.core.testing.outcome import Outcome, Tolerances
 
+FP8_CACHES = (("fp8_e4m3", torch.float8_e4m3fn), ("fp8_e5m2", torch.float8_e5m2))
 KINDS = ("attention", "linear", "moe", "layer_op", "communicator", "graph_runner")
 _TABLES = {"attention": "attention", "linear": "linear", "moe": "moe", "layer_op": "layer_ops",
            "communicator": "communicators", "graph_runner": "graph_runners"}
@@ -47,6 +48,15 @@ class Target:
     page_sizes: tuple[int, ...] = (1, 16)
     tolerances: Tolerances = field(default_factory=Tolerances)
     ranks: tuple[int, ...] = (1, 2)
+    # fp8 KV caches tried besides the activation dtype; None: those the platform's matrix runs
+    kv_cache_dtypes: tuple[torch.dtype, ...] | None = None
+
+    def fp8_caches(self) -> tuple[torch.dtype, ...]:
+        if self.kv_cache_dtypes is not None:
+            return self.kv_cache_dtypes
+        if self.platform is None:
+            return ()
+        return tuple(dtype for value, dtype in FP8_CACHES if self.platform.supports("--kv-cache-dtype", value))
 
 
 def _is_reference(kind: str, factory: Any) -> bool:
@@ -81,7 +91,8 @@ def run_case(case: Case, target: Target) -> Outcome:
                                              t.dtypes, tol, t.ranks)
     factory = load_target(case.factory)
     if case.kind == "attention":
-        return check_attention.check_attention(case.key, factory, dev, t.dtypes, t.page_sizes, tol)
+        return check_attention.check_attention(case.key, factory, dev, t.dtypes, t.page_sizes, tol,
+                                               kv_dtypes=t.fp8_caches())
     if case.kind == "linear":
         return check_ops.check_linear(case.key, factory, dev, t.dtypes, tol)
     if case.kind == "moe":

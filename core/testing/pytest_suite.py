@@ -31,14 +31,17 @@ def conformance_test(platform: str | None = None, *, host: PluginHost | None = N
                      device: str | None = None, kinds: tuple[str, ...] = KINDS,
                      dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16),
                      page_sizes: tuple[int, ...] = (1, 16), tolerances: Tolerances | None = None,
-                     ranks: tuple[int, ...] = (1, 2), marks: tuple[Any, ...] = ()
-                     ) -> Callable[..., None]:
+                     ranks: tuple[int, ...] = (1, 2),
+                     kv_cache_dtypes: tuple[torch.dtype, ...] | None = None,
+                     marks: tuple[Any, ...] = ()) -> Callable[..., None]:
     """A pytest test over ``platform``'s registered ops (default: ``default_platform``).
 
     ``host``: the plugin host (default: the process-wide one, from entry points). ``device``: run
     on this torch device without selecting the platform (e.g. the CUDA plugin's Triton kernels on
-    the CPU under ``TRITON_INTERPRET=1``); graph runners then cannot be checked. ``marks``: pytest
-    marks for every case (``pytest.mark.gpu``)."""
+    the CPU under ``TRITON_INTERPRET=1``); graph runners then cannot be checked.
+    ``kv_cache_dtypes``: fp8 caches attention is also checked with (default: those the platform's
+    matrix runs; none with ``device``). ``marks``: pytest marks for every case (``pytest.mark.gpu``).
+    """
     host = host or get_plugin_host()
     name = platform or default_platform(host)
     if name not in host.registries.platforms and device is None:
@@ -63,6 +66,7 @@ def conformance_test(platform: str | None = None, *, host: PluginHost | None = N
             if "target" in state:
                 t = state["target"]
                 t.dtypes, t.page_sizes, t.ranks = dtypes, page_sizes, ranks
+                t.kv_cache_dtypes = kv_cache_dtypes
                 t.tolerances = tolerances or Tolerances()
         if "skip" in state:
             pytest.skip(f"platform {name!r} is not available here: {state['skip']}")

@@ -164,3 +164,11 @@ class DeclinesEverything(ReplaysEagerly):
 
     def can_run(self, batch):
         return False
+
+
+class RefusesFp8Cache(TorchNativeAttention):
+    def __init__(self, config):
+        if config.kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            raise ValueError("this backend refuses an fp8 cache")
+        super().__init__(config)
+

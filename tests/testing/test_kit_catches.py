@@ -65,6 +65,18 @@ def test_attention_refusals_are_listed_and_refusing_everything_fails():
         run_case(_case("attention", "none", broken_ops.RefusesEverything), _target())
 
 
+def test_fp8_caches_are_checked_when_asked_and_may_be_refused():
+    from infer.core.ops.reference.attention import TorchNativeAttention
+
+    t = Target("cpu", CPU, ranks=(1,), kv_cache_dtypes=(torch.float8_e4m3fn,))
+    out = run_case(_case("attention", "ref", TorchNativeAttention), t)
+    assert len(out.matched) == 8 and sum("kv float8_e4m3fn" in m for m in out.matched) == 4
+    out = run_case(_case("attention", "nofp8", broken_ops.RefusesFp8Cache), t)
+    assert len(out.matched) == 4 and all("refuses an fp8 cache" in r for r in out.refused)
+    with pytest.raises(ConformanceFailure, match="kv float8_e4m3fn"):
+        run_case(_case("attention", "p", broken_ops.IgnoresPrefix), t)
+
+
 def test_the_reference_attention_passes():
     from infer.core.ops.reference.attention import TorchNativeAttention
 
