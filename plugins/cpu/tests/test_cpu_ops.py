@@ -1,15 +1,13 @@
-"""The CPU reference ops against naive dense formulas: paged attention for any mix of prefill,
-chunked-extend and decode rows (pages scattered, page sizes 1 and 4), MoE experts, dense linear."""
+"""The CPU plugin's torch_native attention (the core's reference plus the native paged-decode
+kernel) against naive dense formulas, for any mix of prefill, chunked-extend and decode rows
+(pages scattered, page sizes 1 and 4). The core's MoE and dense-linear references are checked the
+same way in tests/testing/test_references.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from infer.core.ops.attention import AttentionConfig, AttentionMetadata
-from infer.core.ops.linear import LinearConfig
-from infer.core.ops.reference.linear import DenseLinearMethod
-from infer.core.ops.reference.moe import TorchMoERunner
 from infer_cpu.ops.attention import TorchNativeAttention
 
 H, HKV, D = 4, 2, 8
@@ -76,27 +74,3 @@ def test_paged_attention_matches_dense(page_size, prefix_ext):
     flat_k = k_cache.view(-1, HKV, D)
     torch.testing.assert_close(flat_k[meta.slot_mapping], k_new)  # new keys written at their slots
 
-
-def test_moe_runner_matches_per_token_loop():
-    gen = torch.Generator().manual_seed(0)
-    t, d, i, e, k = 9, 16, 12, 5, 2
-    hidden = torch.randn(t, d, generator=gen)
-    w13, w2 = torch.randn(e, 2 * i, d, generator=gen), torch.randn(e, d, i, generator=gen)
-    ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)])
-    weights = torch.rand(t, k, generator=gen)
-    out = TorchMoERunner().apply(hidden, w13, w2, weights, ids)
-    for r in range(t):
-        ref = sum(weights[r, j] * (w2[ids[r, j]] @ (F.silu(w13[ids[r, j], :i] @ hidden[r])
-                                                  * (w13[ids[r, j], i:] @ hidden[r])))
-                  for j in range(k))
-        torch.testing.assert_close(out[r], ref, rtol=1e-4, atol=1e-4)
-
-
-def test_dense_linear():
-    method = DenseLinearMethod(LinearConfig(None, torch.float32, torch.device("cpu")))
-    layer = torch.nn.Module()
-    method.create_weights(layer, 6, 3, bias=True)
-    layer.weight.data.normal_()
-    layer.bias.data.normal_()
-    x = torch.randn(4, 6)
-    torch.testing.assert_close(method.apply(layer, x), x @ layer.weight.t() + layer.bias)
