@@ -62,10 +62,11 @@ def register_graph_runners(register: Any) -> None:
 
 @hookimpl
 def register_layer_ops(register: Any) -> None:
-    # native kernels for float32 inputs they fit; they return None otherwise (torch runs)
-    register("rms_norm", "infer_cpu.kernels:rms_norm", "cpu")
-    register("rotary", "infer_cpu.kernels:rope_", "cpu")
-    register("silu_and_mul", "infer_cpu.kernels:silu_mul", "cpu")
+    # native kernels for the float32 and bf16 inputs they fit (infer_cpu.kernels for float32,
+    # infer_cpu.kernels.bf16 for bf16); they return None otherwise (torch runs)
+    register("rms_norm", "infer_cpu.kernels.bf16:rms_norm", "cpu")
+    register("rotary", "infer_cpu.kernels.bf16:rope_", "cpu")
+    register("silu_and_mul", "infer_cpu.kernels.bf16:silu_mul", "cpu")
 
 
 @hookimpl

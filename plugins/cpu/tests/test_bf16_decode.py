@@ -5,7 +5,10 @@ sequences of different lengths."""
 
 from __future__ import annotations
 
+import ctypes
+import platform
 import random
+import subprocess
 from dataclasses import dataclass
 
 import pytest
@@ -14,6 +17,7 @@ import torch.nn.functional as F
 from infer.core.model.layers.rotary import rope_table
 from infer.core.ops.layer_ops import rms_norm_ref, rotary_ref
 from infer_cpu.kernels import bf16 as kb
+from infer_cpu.native_build import BF16_SOURCE, compiler
 
 pytestmark = pytest.mark.skipif(kb.load() is None, reason=f"bf16 kernels unavailable: {kb.detail()}")
 
@@ -87,11 +91,33 @@ CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def avx2_lib(tmp_path_factory) -> ctypes.CDLL:
+    """The library built for AVX2 + FMA only (float32 activations in the GEMM)."""
+    cc = compiler()
+    if cc is None or platform.machine() != "x86_64" or "avx2" not in open("/proc/cpuinfo").read():
+        pytest.skip("needs a C compiler and an x86-64 CPU with AVX2")
+    out = tmp_path_factory.mktemp("avx2") / "libavx2.so"
+    subprocess.run([cc, "-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-o", str(out),
+                    str(BF16_SOURCE), "-lm"], check=True, capture_output=True)
+    lib = kb.bind(ctypes.CDLL(str(out)))
+    assert lib.infer_bf16_isa() == 2
+    return lib
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("case", list(CASES))
 def test_decode_stack_against_torch_step(case, threads):
-    d = CASES[case]
-    g = torch.Generator().manual_seed(len(case) + threads)
+    _check_stack(CASES[case], threads, kb.lib_for_call(), seed=len(case) + threads)
+
+
+@pytest.mark.parametrize("case", ["smollm2_like", "odd_sizes_bias_mha"])
+def test_decode_stack_avx2_build(avx2_lib, case):
+    _check_stack(CASES[case], 2, avx2_lib, seed=7)
+
+
+def _check_stack(d: Dims, threads: int, lib: ctypes.CDLL, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
     n_layers, page, num_pages, eps = 2, 4, 40, 1e-5
     seq_lens = [1, 5, 9, 16, 23]  # including the new token: page-aligned and not
     b = len(seq_lens)
@@ -122,15 +148,14 @@ def test_decode_stack_against_torch_step(case, threads):
                             lw["bqkv"].data_ptr() if lw["bqkv"] is not None else None,
                             kcs[i].data_ptr(), vcs[i].data_ptr())
     h, lens = h0.clone(), torch.tensor(seq_lens, dtype=torch.int32)
-    old = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    lib.infer_bf16_set_threads(threads)  # the OpenMP team of this call
     try:
-        kb.lib_for_call().infer_bf16_decode_layers(
+        lib.infer_bf16_decode_layers(
             table, n_layers, h.data_ptr(), b, d.hidden, d.heads, d.kv_heads, d.head_dim, d.inter,
             eps, pos.data_ptr(), cos_sin.data_ptr(), d.rot, slots.data_ptr(), bt.data_ptr(),
             bt.stride(0), lens.data_ptr(), page, scale)
     finally:
-        torch.set_num_threads(old)
+        kb._threads[0] = 0  # kb.lib_for_call sizes the team again on its next call
     # the same rounding points: only float32 summation order differs (and through it, now and
     # then, one bf16 rounding of a GEMM input or cache entry)
     rel = ((h - want).norm() / (want - h0).norm()).item()

@@ -11,6 +11,8 @@ import subprocess
 
 import pytest
 import torch
+from infer.core.model.layers.rotary import rope_table
+from infer.core.ops.layer_ops import rms_norm_ref, rotary_ref, silu_and_mul_ref
 from infer_cpu.kernels import bf16 as kb
 from infer_cpu.native_build import BF16_SOURCE, compiler
 
@@ -153,3 +155,73 @@ def test_portable_c_path(portable_lib, m, k, n):
     _check_gemm(_gemm_with(portable_lib, x, kb.pack(w), bias, torch.float32), x, w, bias)
     _check_gemm(_gemm_with(portable_lib, x.bfloat16(), kb.pack(w), None, torch.bfloat16), x, w,
                 None)
+
+
+# -- the layer ops of bf16 models: rounded where the torch references round ----------------------
+
+def _assert_bf16_match(got: torch.Tensor, want: torch.Tensor) -> None:
+    """The same rounding points as the reference: at most one bf16 ulp apart (exp / rsqrt may
+    differ in float32's last bit), and at least 99 % of the elements bit for bit (a missing or
+    extra rounding step changes far more)."""
+    ia, ib = got.view(torch.int16).int(), want.view(torch.int16).int()
+    assert int((ia - ib).abs().max()) <= 1
+    assert (ia == ib).float().mean().item() >= 0.99
+
+
+@pytest.mark.parametrize("x_dtype,w_dtype", [(torch.bfloat16, torch.bfloat16),
+                                             (torch.float32, torch.bfloat16),
+                                             (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_mixed_dtypes(x_dtype, w_dtype, with_residual):
+    g = _gen(3)
+    big = torch.randn(9, 100, generator=g) * 3
+    x = big[:, :77].to(x_dtype)  # strided rows for the bf16 case
+    if x_dtype == torch.float32:
+        x = big[:, :77].clone()
+    w = torch.randn(77, generator=g).to(w_dtype)
+    res = (torch.randn(9, 77, generator=g) * 2).to(x_dtype) if with_residual else None
+    out, new_res = kb.rms_norm(x, w, 1e-5, res)
+    want, want_res = rms_norm_ref(x, w, 1e-5, res)
+    assert out.dtype == want.dtype and out.shape == want.shape
+    if out.dtype == torch.bfloat16:  # the same rounding points: at most one ulp (rsqrt order)
+        _assert_bf16_match(out, want)
+    elif x_dtype == torch.bfloat16:  # float32 w times the bf16-rounded normed x: one ulp of it
+        torch.testing.assert_close(out, want, rtol=2 ** -7, atol=1e-6)
+    else:
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    if with_residual:
+        assert torch.equal(new_res, want_res)
+    else:
+        assert new_res is None
+
+
+@pytest.mark.parametrize("rotary_dim", [16, 8])
+def test_rope_bf16_in_place_on_qkv_views(rotary_dim):
+    g = _gen(5)
+    qkv = torch.randn(6, (4 + 2 * 2) * 16, generator=g).bfloat16()
+    q, k = qkv[:, :64].view(6, 4, 16), qkv[:, 64:96].view(6, 2, 16)  # row stride 128
+    cos_sin = rope_table(rotary_dim, 128, {"rope_theta": 10000.0})
+    pos = torch.tensor([0, 1, 7, 30, 64, 127])
+    want_q, want_k = rotary_ref(pos, q.clone(), k.clone(), cos_sin, rotary_dim)
+    before_v = qkv[:, 96:].clone()
+    got_q, got_k = kb.rope_(pos, q, k, cos_sin, rotary_dim)
+    assert got_q.data_ptr() == q.data_ptr()  # in place
+    _assert_bf16_match(got_q, want_q)
+    _assert_bf16_match(got_k, want_k)
+    assert torch.equal(qkv[:, 96:], before_v)  # v untouched
+
+
+def test_silu_mul_bf16():
+    x = (torch.randn(16, 2 * 45, generator=_gen(6)) * 4).bfloat16()
+    _assert_bf16_match(kb.silu_mul(x), silu_and_mul_ref(x))
+
+
+def test_layer_ops_decline_what_they_do_not_take():
+    h = torch.randn(2, 8, dtype=torch.float16)
+    assert kb.rms_norm(h, torch.ones(8, dtype=torch.float16), 1e-6) is None
+    assert kb.rms_norm(torch.randn(2, 8).bfloat16(), torch.ones(7), 1e-6) is None  # weight size
+    assert kb.silu_mul(torch.randn(3, 7).bfloat16()) is None  # odd width
+    q = torch.randn(2, 4, 8).bfloat16()
+    cs = rope_table(8, 4, {"rope_theta": 10000.0})
+    assert kb.rope_(torch.tensor([0, 1]), q, q[:, :2], cs, 6) is None  # table width != rotary_dim
+    assert kb.rope_(torch.tensor([0, 1], dtype=torch.int32), q, q[:, :2], cs, 8) is None

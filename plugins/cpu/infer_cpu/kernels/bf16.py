@@ -47,6 +47,9 @@ SIGNATURES = {
     "infer_bf16_gemm": [_P, _I, _L, _I, _I, _P, _P, _I, _P, _I, _L],
     "infer_bf16_decode_layers": [ctypes.POINTER(Layer), _I, _P, _I, _I, _I, _I, _I, _I, _F, _P,
                                  _P, _I, _P, _P, _L, _P, _I, _F],
+    "infer_bf16_rms_norm": [_P, _L, _I, _P, _L, _P, _P, _I, _P, _I, _I, _F],
+    "infer_bf16_rope": [_P, _P, _L, _I, _P, _L, _I, _I, _I, _I, _P],
+    "infer_bf16_silu_mul": [_P, _L, _P, _I, _I],
 }
 
 _lock = threading.Lock()
@@ -157,3 +160,83 @@ def gemm(x: torch.Tensor, w: PackedBF16, bias: torch.Tensor | None = None,
                         bias.data_ptr() if bias is not None else None, w.out_features,
                         y.data_ptr(), int(out_dtype == torch.bfloat16), w.out_features)
     return y
+
+
+# -- layer ops of bf16 models (registered for the CPU; float32-only inputs go to the float32
+# kernels of infer_cpu.kernels, anything else that does not fit returns None: the reference) --
+
+_BF = torch.bfloat16
+
+
+def _rows(t: torch.Tensor) -> bool:
+    return t.dim() == 2 and t.stride(1) == 1 and t.dtype in _FLOATS and t.device.type == "cpu"
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """``layer_ops.rms_norm`` for bf16 x and/or a bf16 weight (rounded where the reference
+    rounds); float32 x and weight go to ``infer_cpu.kernels.rms_norm``."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        from infer_cpu import kernels
+
+        return kernels.rms_norm(x, weight, eps, residual)
+    lib = load()
+    if (lib is None or not _rows(x) or weight.dtype not in _FLOATS or weight.device.type != "cpu"
+            or not weight.is_contiguous() or weight.shape != (x.shape[1],)):
+        return None
+    if residual is not None and (not _rows(residual) or residual.dtype != x.dtype
+                                 or residual.shape != x.shape):
+        return None
+    rows, dim = x.shape
+    out_dtype = _BF if x.dtype == _BF and weight.dtype == _BF else torch.float32
+    out = torch.empty(rows, dim, dtype=out_dtype)
+    res_out = torch.empty(rows, dim, dtype=x.dtype) if residual is not None else None
+    lib.infer_bf16_rms_norm(x.data_ptr(), x.stride(0), int(x.dtype == _BF),
+                            residual.data_ptr() if residual is not None else None,
+                            residual.stride(0) if residual is not None else 0,
+                            res_out.data_ptr() if res_out is not None else None,
+                            weight.data_ptr(), int(weight.dtype == _BF), out.data_ptr(), rows, dim,
+                            float(eps))
+    return out, res_out
+
+
+def _bf16_heads(t: torch.Tensor) -> bool:
+    """[T, heads, D] bf16 on the CPU with contiguous heads (the row stride may be larger)."""
+    return (t.dtype == _BF and t.dim() == 3 and t.stride(2) == 1 and t.stride(1) == t.shape[2]
+            and t.device.type == "cpu")
+
+
+def rope_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor,
+          rotary_dim: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``layer_ops.rotary`` for bf16 q/k, in place; float32 goes to ``infer_cpu.kernels.rope_``."""
+    if q.dtype == torch.float32:
+        from infer_cpu import kernels
+
+        return kernels.rope_(positions, q, k, cos_sin, rotary_dim)
+    lib = load()
+    if (lib is None or not _bf16_heads(q) or not _bf16_heads(k) or positions.dtype != torch.int64
+            or not positions.is_contiguous() or positions.device.type != "cpu"
+            or cos_sin.dtype != torch.float32 or not cos_sin.is_contiguous()
+            or cos_sin.device.type != "cpu" or cos_sin.shape[1] != rotary_dim
+            or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2] or q.shape[0] != len(positions)
+            or rotary_dim > q.shape[2] or rotary_dim % 2):
+        return None
+    t, h, d = q.shape
+    lib.infer_bf16_rope(positions.data_ptr(), q.data_ptr(), q.stride(0), h, k.data_ptr(),
+                        k.stride(0), k.shape[1], t, d, rotary_dim, cos_sin.data_ptr())
+    return q, k
+
+
+def silu_mul(x: torch.Tensor) -> torch.Tensor | None:
+    """``layer_ops.silu_and_mul`` for bf16 x [T, 2I]; float32 goes to ``infer_cpu.kernels``."""
+    if x.dtype == torch.float32:
+        from infer_cpu import kernels
+
+        return kernels.silu_mul(x)
+    lib = load()
+    if lib is None or x.dtype != _BF or not _rows(x) or x.shape[1] % 2:
+        return None
+    t, i = x.shape[0], x.shape[1] // 2
+    out = torch.empty(t, i, dtype=_BF)
+    lib.infer_bf16_silu_mul(x.data_ptr(), x.stride(0), out.data_ptr(), t, i)
+    return out

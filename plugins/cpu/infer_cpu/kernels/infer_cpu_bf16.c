@@ -246,6 +246,84 @@ void infer_bf16_gemm(const void *x, int x_bf16, int64_t x_stride, int M, int K, 
   free(act);
 }
 
+/* ---- row ops of bf16 models' per-op path, rounded where the torch references round ---- */
+
+/* out = w * rms_normed(x) per row, as infer.core.ops.layer_ops.rms_norm_ref computes it: with a
+ * residual, x + residual first (rounded to bf16 when x is bf16; the sum is res_out); the normed
+ * row in float32, rounded to x's dtype, times w in the result dtype (bf16 only when x and w both
+ * are). x, residual, res_out: x's dtype; w: bf16 when w_bf16; out: bf16 when x_bf16 && w_bf16. */
+void infer_bf16_rms_norm(const void *x, int64_t x_stride, int x_bf16, const void *residual,
+                         int64_t r_stride, void *res_out, const void *w, int w_bf16, void *out,
+                         int rows, int dim, float eps) {
+  float *s = (float *)malloc(sizeof(float) * (size_t)dim);
+  int out_bf16 = x_bf16 && w_bf16;
+  for (int m = 0; m < rows; m++) {
+    float ss = 0.f;
+    for (int i = 0; i < dim; i++) {
+      int64_t xi = (int64_t)m * x_stride + i, ri = (int64_t)m * r_stride + i;
+      float v = x_bf16 ? bf16_to_f32(((const bf16 *)x)[xi]) : ((const float *)x)[xi];
+      if (residual) {
+        v += x_bf16 ? bf16_to_f32(((const bf16 *)residual)[ri]) : ((const float *)residual)[ri];
+        if (x_bf16) {
+          bf16 r = f32_to_bf16(v);
+          ((bf16 *)res_out)[(int64_t)m * dim + i] = r;
+          v = bf16_to_f32(r);
+        } else {
+          ((float *)res_out)[(int64_t)m * dim + i] = v;
+        }
+      }
+      s[i] = v;
+      ss += v * v;
+    }
+    float r = 1.f / sqrtf(ss / (float)dim + eps);
+    for (int i = 0; i < dim; i++) {
+      float n = s[i] * r, wi = w_bf16 ? bf16_to_f32(((const bf16 *)w)[i]) : ((const float *)w)[i];
+      if (x_bf16) n = bf16_to_f32(f32_to_bf16(n));
+      if (out_bf16)
+        ((bf16 *)out)[(int64_t)m * dim + i] = f32_to_bf16(wi * n);
+      else
+        ((float *)out)[(int64_t)m * dim + i] = wi * n;
+    }
+  }
+  free(s);
+}
+
+/* In-place rotate-half rotary of bf16 q [T, H, D] and k [T, Hkv, D] (row strides q_stride,
+ * k_stride; heads contiguous) over the first rot dims, as rotary_ref does in bf16: cos and sin
+ * rounded to bf16, x * cos and rotate_half(x) * sin each rounded, then their sum. */
+void infer_bf16_rope(const int64_t *pos, bf16 *q, int64_t q_stride, int H, bf16 *k,
+                     int64_t k_stride, int Hkv, int T, int D, int rot, const float *cos_sin) {
+  int half = rot / 2;
+  for (int t = 0; t < T; t++) {
+    const float *cs = cos_sin + pos[t] * rot;
+    for (int h = 0; h < H + Hkv; h++) {
+      bf16 *v = h < H ? q + (int64_t)t * q_stride + (int64_t)h * D
+                      : k + (int64_t)t * k_stride + (int64_t)(h - H) * D;
+      for (int i = 0; i < half; i++) {
+        float c = bf16_to_f32(f32_to_bf16(cs[i])), sn = bf16_to_f32(f32_to_bf16(cs[half + i]));
+        float x1 = bf16_to_f32(v[i]), x2 = bf16_to_f32(v[i + half]);
+        float a1 = bf16_to_f32(f32_to_bf16(x1 * c)), b1 = bf16_to_f32(f32_to_bf16(-x2 * sn));
+        float a2 = bf16_to_f32(f32_to_bf16(x2 * c)), b2 = bf16_to_f32(f32_to_bf16(x1 * sn));
+        v[i] = f32_to_bf16(a1 + b1);
+        v[i + half] = f32_to_bf16(a2 + b2);
+      }
+    }
+  }
+}
+
+/* out [T, I] = silu(x[:, :I]) * x[:, I:] for bf16 x (row stride x_stride): silu rounded to bf16,
+ * then the product rounded (F.silu and the multiply of the reference). */
+void infer_bf16_silu_mul(const bf16 *x, int64_t x_stride, bf16 *out, int T, int I) {
+  for (int t = 0; t < T; t++) {
+    const bf16 *g = x + (int64_t)t * x_stride;
+    for (int i = 0; i < I; i++) {
+      float gv = bf16_to_f32(g[i]);
+      float sl = bf16_to_f32(f32_to_bf16(gv / (1.f + expf(-gv))));
+      out[(int64_t)t * I + i] = f32_to_bf16(sl * bf16_to_f32(g[I + i]));
+    }
+  }
+}
+
 /* ---- decode attention over a paged bf16 cache ---- */
 
 /* q . k for q float32 [D], k bf16 [D]. */
@@ -410,71 +488,107 @@ typedef struct {
   int64_t bt_stride;
 } bf16_step;
 
-/* Shared buffers of the step, and this thread's place in the team. */
+/* The step's buffers, and this thread's place in the team. */
 typedef struct {
-  act_t *act;   /* [B, 2 * ceil(kmax / 2)]: the current GEMM's input rows */
-  float *qkv;   /* [B, (H + 2 Hkv) D] */
-  float *gu;    /* [B, 2 inter] */
-  bf16 *att;    /* [B, H D] */
-  int64_t as;   /* act row stride */
+  act_t *mine;   /* [B, as], this thread's: normed rows, or the o projection's input rows */
+  act_t *down;   /* [B, as], shared: silu(g) * u, the down projection's input rows */
+  float *qkv;    /* [B, (H + 2 Hkv) D], shared (each thread its own columns) */
+  float *gu;     /* [B, 2 inter], shared likewise */
+  bf16 *att;     /* [B, H D], shared: attention outputs */
+  int64_t as;    /* row stride of mine / down */
   int tid, nt;
   team_barrier *bar;
 } bf16_team;
 
+/* y[:, [c0, c1)] of one projection for this thread's column range (multiples of CB, or c1 = N). */
+static void gemm_cols(const act_t *act, int64_t as, int B, int K, const bf16 *P, const float *bias,
+                      int N, int c0, int c1, float *y) {
+  if (c0 < c1)
+    gemm_blocks(act, as, B, (K + 1) / 2, P, bias, N, c0 / CB, (c1 + CB - 1) / CB, y, N, 0);
+}
+
+/* Threads meet at four barriers per layer. Each thread owns whole KV groups (the query heads of
+ * a KV head and that head's k / v columns): it projects their q, k, v, rotates them, writes the
+ * cache and attends, with no barrier in between; it owns matching gate and up columns, so
+ * silu(g) * u needs none either. The norms are recomputed by every thread on private rows.
+ * Ownership needs head_dim and inter multiples of 16 (the GEMM's column block); otherwise
+ * thread 0 does those phases alone. */
 static void decode_layer(const bf16_step *st, const infer_bf16_layer *L, bf16_team *t,
                          float *tmp, float *s, float *o) {
   int B = st->B, hid = st->hidden, D = st->D, H = st->H, Hkv = st->Hkv, I = st->inter;
-  int qkv_w = (H + 2 * Hkv) * D, att_w = H * D, b0, b1;
+  int G = H / Hkv, qkv_w = (H + 2 * Hkv) * D, att_w = H * D, g0, g1, c0, c1;
   int64_t row = (int64_t)Hkv * D;
-  /* rows split across the team: m = tid, tid + nt, ... */
-  for (int m = t->tid; m < B; m += t->nt)
-    rms_act_row(st->h + (int64_t)m * hid, L->in_norm, hid, st->eps, tmp, t->act + m * t->as);
-  team_wait(t->bar);
-  block_share((qkv_w + CB - 1) / CB, t->tid, t->nt, &b0, &b1);
-  gemm_blocks(t->act, t->as, B, (hid + 1) / 2, L->wqkv, L->bqkv, qkv_w, b0, b1, t->qkv, qkv_w, 0);
-  team_wait(t->bar);
-  for (int m = t->tid; m < B; m += t->nt) {
-    float *q = t->qkv + (int64_t)m * qkv_w, *k = q + att_w, *v = k + row;
-    const float *cs = st->cos_sin + st->pos[m] * st->rot_dim;
-    rope_heads(q, H, D, st->rot_dim, cs);
-    rope_heads(k, Hkv, D, st->rot_dim, cs);
-    for (int64_t i = 0; i < row; i++) {
-      L->k_cache[st->slots[m] * row + i] = f32_to_bf16(k[i]);
-      L->v_cache[st->slots[m] * row + i] = f32_to_bf16(v[i]);
+  int split_heads = D % CB == 0, split_inter = I % CB == 0;
+  for (int m = 0; m < B; m++)
+    rms_act_row(st->h + (int64_t)m * hid, L->in_norm, hid, st->eps, tmp, t->mine + m * t->as);
+  block_share(Hkv, split_heads ? t->tid : 0, split_heads ? t->nt : 1, &g0, &g1);
+  if (!split_heads && t->tid) g0 = g1 = 0;
+  if (g0 < g1) {
+    /* q of heads [g0 G, g1 G), k and v of KV heads [g0, g1) */
+    gemm_cols(t->mine, t->as, B, hid, L->wqkv, L->bqkv, qkv_w, g0 * G * D, g1 * G * D, t->qkv);
+    gemm_cols(t->mine, t->as, B, hid, L->wqkv, L->bqkv, qkv_w, att_w + g0 * D, att_w + g1 * D,
+              t->qkv);
+    gemm_cols(t->mine, t->as, B, hid, L->wqkv, L->bqkv, qkv_w, att_w + Hkv * D + g0 * D,
+              att_w + Hkv * D + g1 * D, t->qkv);
+    for (int m = 0; m < B; m++) {
+      float *q = t->qkv + (int64_t)m * qkv_w, *k = q + att_w, *v = k + row;
+      const float *cs = st->cos_sin + st->pos[m] * st->rot_dim;
+      rope_heads(q + (int64_t)g0 * G * D, (g1 - g0) * G, D, st->rot_dim, cs);
+      rope_heads(k + (int64_t)g0 * D, g1 - g0, D, st->rot_dim, cs);
+      for (int64_t i = (int64_t)g0 * D; i < (int64_t)g1 * D; i++) {
+        L->k_cache[st->slots[m] * row + i] = f32_to_bf16(k[i]);
+        L->v_cache[st->slots[m] * row + i] = f32_to_bf16(v[i]);
+      }
     }
+    bf16_attn at = {t->qkv, qkv_w, L->k_cache, L->v_cache, st->block_tables, st->bt_stride,
+                    st->seq_lens, t->att, H, Hkv, D, st->page, st->scale};
+    for (int b = 0; b < B; b++)
+      for (int g = g0; g < g1; g++) attend_unit(&at, b * Hkv + g, s, o);
   }
   team_wait(t->bar);
-  bf16_attn at = {t->qkv, qkv_w, L->k_cache, L->v_cache, st->block_tables, st->bt_stride,
-                  st->seq_lens, t->att, H, Hkv, D, st->page, st->scale};
-  int u0, u1;
-  block_share(B * Hkv, t->tid, t->nt, &u0, &u1);
-  for (int u = u0; u < u1; u++) attend_unit(&at, u, s, o);
-  team_wait(t->bar);
-  for (int m = t->tid; m < B; m += t->nt) act_row(t->att + (int64_t)m * att_w, 1, att_w, t->act + m * t->as);
-  team_wait(t->bar);
-  /* o projection into qkv's storage (free now), then h += o on this thread's columns */
+  /* o projection: h[:, own columns] += att Wo^T */
+  const act_t *a_in = t->mine;
+  int64_t a_s = t->as;
+#ifdef BF16_DP
+  if (att_w % 2 == 0) { /* att rows are already the GEMM's bf16 pairs */
+    a_in = t->att;
+    a_s = att_w;
+  } else
+#endif
+    for (int m = 0; m < B; m++) act_row(t->att + (int64_t)m * att_w, 1, att_w, t->mine + m * t->as);
+  int b0, b1;
   block_share((hid + CB - 1) / CB, t->tid, t->nt, &b0, &b1);
-  gemm_blocks(t->act, t->as, B, (att_w + 1) / 2, L->wo, NULL, hid, b0, b1, t->qkv, hid, 0);
-  int c0 = b0 * CB, c1 = b1 * CB < hid ? b1 * CB : hid;
+  c0 = b0 * CB;
+  c1 = b1 * CB < hid ? b1 * CB : hid;
+  gemm_cols(a_in, a_s, B, att_w, L->wo, NULL, hid, c0, c1, t->qkv);
   for (int m = 0; m < B; m++)
     for (int c = c0; c < c1; c++) st->h[(int64_t)m * hid + c] += t->qkv[(int64_t)m * hid + c];
   team_wait(t->bar);
-  for (int m = t->tid; m < B; m += t->nt)
-    rms_act_row(st->h + (int64_t)m * hid, L->post_norm, hid, st->eps, tmp, t->act + m * t->as);
-  team_wait(t->bar);
-  block_share((2 * I + CB - 1) / CB, t->tid, t->nt, &b0, &b1);
-  gemm_blocks(t->act, t->as, B, (hid + 1) / 2, L->wgu, NULL, 2 * I, b0, b1, t->gu, 2 * I, 0);
-  team_wait(t->bar);
-  for (int m = t->tid; m < B; m += t->nt) {
+  for (int m = 0; m < B; m++)
+    rms_act_row(st->h + (int64_t)m * hid, L->post_norm, hid, st->eps, tmp, t->mine + m * t->as);
+  /* gate and up columns [c0, c1) and [I + c0, I + c1), then silu(g) * u of those columns */
+  block_share((I + CB - 1) / CB, split_inter ? t->tid : 0, split_inter ? t->nt : 1, &b0, &b1);
+  c0 = b0 * CB;
+  c1 = b1 * CB < I ? b1 * CB : I;
+  if (!split_inter && t->tid) c0 = c1 = 0;
+  gemm_cols(t->mine, t->as, B, hid, L->wgu, NULL, 2 * I, c0, c1, t->gu);
+  gemm_cols(t->mine, t->as, B, hid, L->wgu, NULL, 2 * I, I + c0, I + c1, t->gu);
+  for (int m = 0; m < B; m++) {
     const float *g = t->gu + (int64_t)m * 2 * I;
-    for (int i = 0; i < I; i++) tmp[i] = g[i] / (1.f + expf(-g[i])) * g[I + i];
-    act_row(tmp, 0, I, t->act + m * t->as);
+    for (int i = c0; i < c1; i++) tmp[i] = g[i] / (1.f + expf(-g[i])) * g[I + i];
+    act_t *dst = t->down + m * t->as;
+#ifdef BF16_DP
+    for (int i = c0; i < c1; i++) dst[i] = f32_to_bf16(tmp[i]);
+#else
+    for (int i = c0; i < c1; i++) dst[i] = bf16_to_f32(f32_to_bf16(tmp[i]));
+#endif
+    if ((I & 1) && c1 == I) dst[I] = 0; /* the odd tail's pad */
   }
   team_wait(t->bar);
   block_share((hid + CB - 1) / CB, t->tid, t->nt, &b0, &b1);
-  gemm_blocks(t->act, t->as, B, (I + 1) / 2, L->wdown, NULL, hid, b0, b1, t->qkv, hid, 0);
   c0 = b0 * CB;
   c1 = b1 * CB < hid ? b1 * CB : hid;
+  gemm_cols(t->down, t->as, B, I, L->wdown, NULL, hid, c0, c1, t->qkv);
   for (int m = 0; m < B; m++)
     for (int c = c0; c < c1; c++) st->h[(int64_t)m * hid + c] += t->qkv[(int64_t)m * hid + c];
   team_wait(t->bar);
@@ -494,7 +608,7 @@ void infer_bf16_decode_layers(const infer_bf16_layer *layers, int n_layers, floa
   for (int m = 0; m < B; m++) lmax = seq_lens[m] > lmax ? seq_lens[m] : lmax;
   int64_t as = 2 * ((kmax + 1) / 2);
   int wide = qkv_w > hidden ? qkv_w : hidden; /* qkv also holds the o / down outputs */
-  act_t *act = (act_t *)malloc(sizeof(act_t) * (size_t)B * as);
+  act_t *down = (act_t *)malloc(sizeof(act_t) * (size_t)B * as);
   float *qkv = (float *)malloc(sizeof(float) * (size_t)B * wide);
   float *gu = (float *)malloc(sizeof(float) * (size_t)B * 2 * inter);
   bf16 *att = (bf16 *)malloc(sizeof(bf16) * (size_t)B * H * D);
@@ -504,7 +618,8 @@ void infer_bf16_decode_layers(const infer_bf16_layer *layers, int n_layers, floa
   bar.n = 1;
 #pragma omp parallel num_threads(g_threads)
   {
-    bf16_team t = {act, qkv, gu, att, as, 0, 1, &bar};
+    act_t *mine = (act_t *)malloc(sizeof(act_t) * (size_t)B * as);
+    bf16_team t = {mine, down, qkv, gu, att, as, 0, 1, &bar};
 #ifdef _OPENMP
     t.tid = omp_get_thread_num();
     t.nt = omp_get_num_threads();
@@ -519,8 +634,9 @@ void infer_bf16_decode_layers(const infer_bf16_layer *layers, int n_layers, floa
     free(tmp);
     free(s);
     free(o);
+    free(mine);
   }
-  free(act);
+  free(down);
   free(qkv);
   free(gu);
   free(att);
