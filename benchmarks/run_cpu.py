@@ -95,6 +95,11 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--omp-wait-policy", default="PASSIVE", choices=["PASSIVE", "ACTIVE"])
     ap.add_argument("--skip-serving", action="store_true")
+    ap.add_argument("--quality-windows", type=int, default=8)
+    ap.add_argument("--quality-window-len", type=int, default=256)
+    ap.add_argument("--skip-quality", action="store_true")
+    ap.add_argument("--quality-only", action="store_true", help="Only the quality rows (with --merge: "
+                    "into the summary.json already in --out).")
     ap.add_argument("--merge", action="store_true", help="Add to the summary.json already in --out.")
     ap.add_argument("--out", type=Path, default=HERE / "out")
     ap.add_argument("--report-only", type=Path, help="Rewrite RESULTS.md from a summary.json.")
@@ -126,10 +131,16 @@ def main() -> None:
     log: list = []
     rows: dict[str, list[dict]] = {"infer": [], "transformers-bf16": [], "llama.cpp": []}
     serving: dict[str, dict] = {}
+    quality: dict[str, list[dict]] = {}
     prev = args.out / "summary.json"
     if args.merge and prev.exists():  # add rounds to an earlier run of the same settings
         old = json.loads(prev.read_text())
         rows, serving, log = old["rows"], old["serving"], old["log"]
+        quality = old.get("quality", {})
+    if not args.skip_quality:
+        quality = run_quality(args, have_llama, log)
+    if args.quality_only:
+        args.rounds, args.skip_serving = 0, True
     for i in range(args.rounds):
         res = args.out / f"infer_one_batch_r{i}.json"
         run_json(["infer", "bench", "one-batch", "--model-path", "smollm2", *bs_args, *lens,
@@ -157,9 +168,62 @@ def main() -> None:
                           *lens, "--disable-tqdm", "--result-file",
                           str(args.out / "serving_transformers.json")], log, 3600)
             serving["transformers-bf16 (one at a time)"] = r[0] if r else {}
-    summary = {"rows": rows, "serving": serving, "log": log, "machine": machine(), "args": vars(args)}
+    summary = {"rows": rows, "serving": serving, "quality": quality, "log": log,
+               "machine": machine(), "args": vars(args)}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     write_results(summary, args)
+
+
+def run_quality(args, have_llama: bool, log: list) -> dict[str, list[dict]]:
+    """infer's rows (the float32 reference, then the default path in each serving mode) and
+    llama.cpp's on the same windows."""
+    win = ["--windows", str(args.quality_windows), "--window-len", str(args.quality_window_len)]
+    res = args.out / "quality_infer.json"
+    run_json(["infer", "bench", "quality", "--model-path", "smollm2", *win, "--result-file",
+              str(res)], log, 7200)
+    quality = {"infer": json.loads(res.read_text())["results"] if res.exists() else []}
+    if have_llama:
+        quality["llama.cpp"] = run_json([sys.executable, str(HERE / "quality_llamacpp.py"),
+                                         "--threads", str(args.threads), *win], log, 3600)
+    return quality
+
+
+def quality_verdict(quality: dict[str, list[dict]]) -> tuple[bool | None, str]:
+    """Whether infer's default path meets the bar in every mode (None: not measured), and why."""
+    rows = quality.get("infer") or []
+    ref = next((r for r in rows if r["path"] == "float32 reference"), None)
+    served = [r for r in rows if r["path"] == "infer"]
+    if ref is None or not served:
+        return None, "quality not measured in this run"
+    peer = next(iter(quality.get("llama.cpp") or []), None)
+    worst = max(r["perplexity"] for r in served)
+    ok = worst <= ref["perplexity"] * 1.01 and (peer is None or worst <= peer["perplexity"])
+    vs_peer = f", llama.cpp {peer['perplexity']:.4f}" if peer else ", llama.cpp not measured"
+    return ok, (f"highest perplexity over the modes {worst:.4f} vs float32 reference "
+                f"{ref['perplexity']:.4f} (bar: +1 %){vs_peer}")
+
+
+def quality_lines(quality: dict[str, list[dict]]) -> list[str]:
+    rows = quality.get("infer") or []
+    if not rows:
+        return []
+    ref = next((r for r in rows if r["path"] == "float32 reference"), None)
+    r0 = rows[0]
+    lines = ["", f"Quality ({r0['windows']} windows of {r0['window_len']} tokens of Python's "
+             "pydoc_data topics, {n} scored tokens; KL(reference || path) per token in nats; "
+             "extend = {e}-token chunks after prefix-cache hits, decode = one-token steps after "
+             "cache hits, batched over the windows):".format(n=r0["tokens"], e=next(
+                 (r["extend_len"] for r in rows if r["mode"] == "extend"), "-")), "",
+             "| path | mode | perplexity | vs float32 reference | mean KL | p99 KL | top-1 agreement |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows + list(quality.get("llama.cpp") or []):
+        rel = f"{r['perplexity'] / ref['perplexity'] - 1:+.4%}" if ref else "n/a"
+        kl = (f"{r['kl_mean']:.2e} | {r['kl_p99']:.2e} | {r['top1_agree']:.4f}" if "kl_mean" in r
+              else "0 | 0 | 1")
+        lines.append(f"| {r['path']} | {r['mode']} | {r['perplexity']:.4f} | {rel} | {kl} |")
+    ok, why = quality_verdict(quality)
+    lines += ["", f"Quality bar {'met' if ok else 'NOT met'}: {why}."]
+    return lines
 
 
 def machine() -> dict:
@@ -194,31 +258,38 @@ def write_results(summary: dict, args) -> None:
              "ratios come from the same run.", "",
              "| engine | batch | decode tok/s | TTFT / prefill (ms) | decode vs transformers bf16 |",
              "| --- | --- | --- | --- | --- |"]
+    quality = summary.get("quality") or {}
+    ok, why = quality_verdict(quality)
+    hidden = {"infer"} if ok is False else set()  # speed only for a path that meets the bar
     for bs in args.batch_size:
         ref = best(rows["transformers-bf16"], bs)
         for eng in ("infer", "transformers-bf16", "llama.cpp"):
-            b = best(rows[eng], bs)
+            b = None if eng in hidden else best(rows[eng], bs)
             if b is None:
                 continue
             ratio = f"{b['decode_throughput'] / ref['decode_throughput']:.2f}x" if ref else "n/a"
             lines.append(f"| {eng} | {bs} | {b['decode_throughput']:.1f} | "
                          f"{b['prefill_latency_s'] * 1000:.0f} | {ratio} |")
-    lc, inf1 = best(rows["llama.cpp"], 1), best(rows["infer"], 1)
+    if hidden:
+        lines += ["", f"infer's speed rows are left out: its default path does not meet the quality "
+                  f"bar ({why})."]
+    lc, inf1 = best(rows["llama.cpp"], 1), None if hidden else best(rows["infer"], 1)
     if lc and inf1:
         lines += ["", f"Batch-1 decode, infer / llama.cpp: {inf1['decode_throughput'] / lc['decode_throughput']:.2f}x"]
+    lines += quality_lines(quality)
     if serving:
         lines += ["", f"Serving ({args.concurrency} concurrent clients, random {args.input_len} in / "
                   f"{args.output_len} out):", "",
                   "| server | prompts | output tok/s | req/s | median TTFT (ms) | median ITL (ms) | p99 ITL (ms) | median E2E (s) |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for name, s in serving.items():
-            if s:
+            if s and not (hidden and name == "infer"):
                 lines.append(f"| {name} | {s['completed']} | {s['output_throughput']:.1f} | "
                              f"{s['request_throughput']:.3f} | {s['ttft']['median_ms']:.0f} | "
                              f"{s['itl']['median_ms']:.1f} | {s['itl']['p99_ms']:.1f} | "
                              f"{s['e2e']['median_ms'] / 1000:.1f} |")
         vals = [s.get("output_throughput") for s in serving.values()]
-        if len(vals) == 2 and all(vals):
+        if len(vals) == 2 and all(vals) and not hidden:
             lines += ["", f"Serving output throughput, infer / transformers: {vals[0] / vals[1]:.2f}x"]
     lines += ["", "Commands (with load average before -> after):", ""]
     lines += [f"- `{e['cmd']}` rc {e['rc']}, {e['wall_s']} s, load {e['load_before']} -> {e['load_after']}"

@@ -92,6 +92,40 @@ def offline(
     _emit("offline", [result], result_file, {"model_path": server_args.model_path})
 
 
+@app.command("quality", cls=ServerFlagsCommand)
+@with_server_flags
+def quality(
+    windows: Annotated[int, typer.Option("--windows", help="Windows of the pydoc_data text.")] = 8,
+    window_len: Annotated[int, typer.Option("--window-len", help="Tokens per window.")] = 256,
+    extend_len: Annotated[int, typer.Option("--extend-len", help="Chunk of the extend mode.")] = 16,
+    mode: Annotated[list[str], typer.Option("--mode", help="prefill, extend, decode; repeat (default: all).")] = [],  # noqa: B006
+    reference: Annotated[bool, typer.Option("--reference/--no-reference", help="KL against the float32 reference.")] = True,
+    result_file: ResultOpt = None,
+    *, server_args: ServerArgs,
+) -> None:
+    """Perplexity and KL divergence to a float32 reference of the same weights, over the
+    documentation strings of Python's pydoc_data, through the serving paths (prefill, extends
+    after prefix-cache hits, decode steps)."""
+    from infer.cli.bench_quality import MODES, run_quality
+
+    _check_lengths(windows, extend_len)
+    if window_len < 2:
+        fail("--window-len must be at least 2")
+    bad = [m for m in mode if m not in MODES]
+    if bad:
+        fail(f"--mode {bad[0]}: use one of {', '.join(MODES)}")
+    try:
+        rows = run_quality(server_args, windows, window_len, extend_len, mode or list(MODES),
+                           reference)
+    except ValueError as exc:
+        fail(str(exc))
+    for r in rows:
+        kl = f", KL {r['kl_mean']:.2e}, top-1 {r['top1_agree']:.3f}" if "kl_mean" in r else ""
+        typer.echo(f"{r['path']} {r['mode']}: perplexity {r['perplexity']:.4f} over "
+                   f"{r['tokens']} tokens{kl}", err=True)
+    _emit("quality", rows, result_file, {"model_path": server_args.model_path})
+
+
 @app.command("serving")
 def serving(
     base_url: Annotated[str, typer.Option("--base-url", help="OpenAI-compatible server.")] = "http://127.0.0.1:30000",

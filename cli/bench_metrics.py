@@ -143,3 +143,17 @@ def offline_metrics(num_requests: int, input_tokens: int, output_tokens: int,
         "output_throughput": output_tokens / duration,
         "total_token_throughput": (input_tokens + output_tokens) / duration,
     }
+
+
+def quality_metrics(nll: Sequence[float], kl: Sequence[float] = (),
+                    agree: Sequence[bool] = ()) -> dict[str, Any]:
+    """Perplexity exp(mean nll) over the scored tokens; with a reference, the mean and 99th
+    percentile of KL(reference || path) per token (nats) and the share of tokens whose argmax
+    agrees with the reference's."""
+    if not nll:
+        raise ValueError("no scored tokens")
+    out: dict[str, Any] = {"tokens": len(nll), "mean_nll": mean(nll),
+                           "perplexity": math.exp(mean(nll))}
+    if kl:
+        out.update(kl_mean=mean(kl), kl_p99=percentile(kl, 99), top1_agree=mean([float(a) for a in agree]))
+    return out
