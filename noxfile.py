@@ -73,6 +73,15 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/run_cpu.py")
 
 
+@nox.session(name="openapi-fuzz", venv_params=VENV)
+def openapi_fuzz(session: nox.Session) -> None:
+    """schemathesis over a served tiny model's /openapi.json, every operation (about 1,400 generated
+    requests by default): no response >= 500, and the server still answers normally after it.
+    Posargs go to tests/server/openapi_fuzz.py (``-- --max-examples 40 --seed 7``)."""
+    install_infer(session)
+    session.run("python", "tests/server/openapi_fuzz.py", *session.posargs)
+
+
 @nox.session(venv_params=VENV)
 def device(session: nox.Session) -> None:
     """On a CUDA machine (opt-in), in one call: the CUDA plugin's tests compiled on the GPU (every

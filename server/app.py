@@ -19,7 +19,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from infer.server import routes_native, routes_openai
 from infer.server.errors import APIError, error_body
-from infer.server.protocol import EmbeddingRequest, openapi_body, openapi_schemas
+from infer.server.protocol import openapi_schemas
 from infer.server.serving import ServerState
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -35,7 +35,8 @@ def build_app(state: ServerState) -> FastAPI:
     app.include_router(routes_native.admin_router)
     app.include_router(routes_openai.router)
 
-    @app.post("/v1/embeddings", openapi_extra=openapi_body(EmbeddingRequest))
+    # not offered, so not in the OpenAPI document; the route stays to answer a clear 501
+    @app.post("/v1/embeddings", include_in_schema=False)
     async def embeddings(request: Request) -> JSONResponse:
         raise APIError(501, "embeddings are not implemented by infer (--is-embedding is "
                             "not-implemented in the support matrix)", code="not_implemented")

@@ -206,7 +206,7 @@ def openapi_schemas() -> dict[str, Any]:
     from pydantic.json_schema import models_json_schema
 
     models = (CompletionRequest, ChatCompletionRequest, GenerateRequest, TokenizeRequest,
-              DetokenizeRequest, AbortRequest, EmbeddingRequest)
+              DetokenizeRequest, AbortRequest)
     _, top = models_json_schema([(m, "validation") for m in models], ref_template=_SCHEMA_REF)
     return top["$defs"]
 
