@@ -82,6 +82,14 @@ class Platform:
         """Bytes of device memory free for weights and KV cache on one device."""
         return self.info.memory_bytes
 
+    def max_local_ranks(self) -> int:
+        """How many ranks of a multi-rank executor this host can run (one per device)."""
+        return self.info.count
+
+    def ray_resources(self) -> dict[str, float]:
+        """The Ray resources one rank needs (its bundle in the placement group)."""
+        return {"CPU": 1}
+
     def bind_local_rank(self, local_rank: int, local_world_size: int) -> None:
         """This process is rank ``local_rank`` of ``local_world_size`` ranks on this host (called
         by a multi-rank executor before the process group forms): use device ``local_rank``, or,

@@ -35,8 +35,9 @@ _IDLE_POLL_MS = 50
 
 
 def run_engine_process(server_args: Any, in_addr: str, out_addr: str,
-                       core_factory: str = DEFAULT_CORE) -> None:
-    """Entry point of the spawned process: build the core, say Ready, then loop until shutdown."""
+                       core_factory: str = DEFAULT_CORE, dp_rank: int | None = None) -> None:
+    """Entry point of the spawned process: build the core, say Ready, then loop until shutdown.
+    ``dp_rank``: this engine is data-parallel replica ``dp_rank`` of ``--dp-size``."""
     level = getattr(logging, str(getattr(server_args, "log_level", None) or "info").upper(), logging.INFO)
     logging.basicConfig(level=level, format="%(asctime)s engine %(levelname)s %(message)s")
     signals = _Signals()
@@ -49,7 +50,8 @@ def run_engine_process(server_args: Any, in_addr: str, out_addr: str,
     push.setsockopt(zmq.LINGER, 2000)
     push.connect(out_addr)
     try:
-        core = load_target(core_factory)(server_args)
+        extra = {} if dp_rank is None else {"dp_rank": dp_rank}
+        core = load_target(core_factory)(server_args, **extra)
         push.send_pyobj(_ready(core, server_args))
     except BaseException as err:  # noqa: BLE001 - reported to the HTTP process, then re-raised
         push.send_pyobj(ipc.Fatal(f"engine failed to start: {err}\n{traceback.format_exc()}"))

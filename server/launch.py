@@ -37,6 +37,7 @@ from infer.server.engine_client import EngineClient
 from infer.server.engine_proc import DEFAULT_CORE, run_engine_process
 from infer.server.metrics import Metrics
 from infer.server.reasoning import check_parser
+from infer.server.replicas import ReplicaSet
 from infer.server.request_limits import max_request_bytes
 from infer.server.serving import ServerState
 from infer.server.tool_parsers import detect_parser, get_parser
@@ -80,34 +81,52 @@ def _check_options(args: Any) -> None:
 
 
 async def _serve(args: Any, core_factory: str) -> int:
+    """Start the engine process(es): one, or one per data-parallel replica (``--dp-size``)."""
     ipc_dir = tempfile.mkdtemp(prefix="infer-ipc-")
     ctx = zmq.asyncio.Context()
-    push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
-    push.setsockopt(zmq.LINGER, 0)
-    to_engine, from_engine = f"ipc://{ipc_dir}/to_engine", f"ipc://{ipc_dir}/from_engine"
-    push.bind(to_engine)
-    pull.bind(from_engine)
-    proc = multiprocessing.get_context("spawn").Process(
-        target=run_engine_process, args=(args, to_engine, from_engine, core_factory),
-        name="infer-engine", daemon=True)
-    proc.start()
-    client: EngineClient | None = None
+    dp = int(getattr(args, "dp_size", 1) or 1)
+    engines = [_spawn_engine(ctx, ipc_dir, args, core_factory, i, dp) for i in range(dp)]
+    clients: list[EngineClient] = []
+    client: Any = None
     try:
-        ready = await _wait_ready(pull, proc)
-        client = EngineClient(proc, pull, push, ready)
+        for proc, push, pull in engines:
+            clients.append(EngineClient(proc, pull, push, await _wait_ready(pull, proc)))
+        client = clients[0] if dp == 1 else ReplicaSet(clients, _balance_method(args))
         client.start()
         return await _run_http(args, client)
     finally:
-        if client is not None:
-            await _stop_engine(client)
-            await client.close()
-        if proc.is_alive():  # the engine outlives SIGTERM (see engine_proc): only a kill ends it
-            proc.kill()
-            proc.join()
-        push.close()
-        pull.close()
+        for c in clients:
+            if client is not None:
+                await _stop_engine(c)
+                await c.close()
+        for proc, push, pull in engines:
+            if proc.is_alive():  # the engine outlives SIGTERM (see engine_proc): only a kill ends it
+                proc.kill()
+                proc.join()
+            push.close()
+            pull.close()
         ctx.term()
         shutil.rmtree(ipc_dir, ignore_errors=True)
+
+
+def _spawn_engine(ctx: zmq.asyncio.Context, ipc_dir: str, args: Any, core_factory: str,
+                  dp_rank: int, dp_size: int) -> tuple[Any, zmq.asyncio.Socket, zmq.asyncio.Socket]:
+    push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    push.setsockopt(zmq.LINGER, 0)
+    to_engine = f"ipc://{ipc_dir}/to_engine{dp_rank}"
+    from_engine = f"ipc://{ipc_dir}/from_engine{dp_rank}"
+    push.bind(to_engine)
+    pull.bind(from_engine)
+    extra = (dp_rank,) if dp_size > 1 else ()
+    proc = multiprocessing.get_context("spawn").Process(
+        target=run_engine_process, args=(args, to_engine, from_engine, core_factory, *extra),
+        name="infer-engine" if dp_size == 1 else f"infer-engine-dp{dp_rank}", daemon=True)
+    proc.start()
+    return proc, push, pull
+
+
+def _balance_method(args: Any) -> str:
+    return getattr(args, "load_balance_method", None) or "auto"
 
 
 async def _wait_ready(pull: zmq.asyncio.Socket, proc: Any) -> ipc.Ready:

@@ -52,6 +52,7 @@ class Metrics:
                              buckets=buckets("bucket_e2e_request_latency", _E2E), registry=r)
         self.gauges = {name: Gauge(f"infer:{name}", doc, labels, registry=r)
                        for name, (_, doc) in _GAUGES.items()}
+        self.replica_gauges: dict[str, Gauge] | None = None  # made when replicas first report
 
     def observe_first_token(self, seconds: float) -> None:
         self.ttft.labels(**self.labels).observe(seconds)
@@ -72,8 +73,21 @@ class Metrics:
         self.e2e.labels(**self.labels).observe(seconds)
 
     def render(self, engine_stats: dict[str, Any]) -> bytes:
-        for name, (keys, _) in _GAUGES.items():
-            value = next((engine_stats[k] for k in keys if k in engine_stats), None)
-            if isinstance(value, (int, float)):
-                self.gauges[name].labels(**self.labels).set(value)
+        """The gauges from the engine's stats; with data-parallel replicas (``replicas`` in the
+        stats) the same gauges per replica too, labelled ``dp_rank``."""
+        self._set(self.gauges, engine_stats, self.labels)
+        for rep in engine_stats.get("replicas", ()):
+            if self.replica_gauges is None:
+                self.replica_gauges = {
+                    name: Gauge(f"infer:replica_{name}", f"{doc}, per data-parallel replica",
+                                ["model_name", "dp_rank"], registry=self.registry)
+                    for name, (_, doc) in _GAUGES.items()}
+            self._set(self.replica_gauges, rep, {**self.labels, "dp_rank": str(rep["dp_rank"])})
         return generate_latest(self.registry)
+
+    @staticmethod
+    def _set(gauges: dict[str, Gauge], stats: dict[str, Any], labels: dict[str, str]) -> None:
+        for name, (keys, _) in _GAUGES.items():
+            value = next((stats[k] for k in keys if k in stats), None)
+            if isinstance(value, (int, float)):
+                gauges[name].labels(**labels).set(value)

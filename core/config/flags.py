@@ -126,7 +126,11 @@ VLLM_ALIASES: dict[str, VllmAlias] = {a.name: a for a in [
 ]}
 
 # KV-cache dtype spellings vLLM accepts that name one of ours.
-VALUE_ALIASES: dict[str, dict[str, Any]] = {"kv_cache_dtype": {"fp8": "fp8_e4m3"}}
+VALUE_ALIASES: dict[str, dict[str, Any]] = {
+    "kv_cache_dtype": {"fp8": "fp8_e4m3"},
+    # SGLang's earlier name of the fewest-requests-in-flight balancer
+    "load_balance_method": {"shortest_queue": "total_requests"},
+}
 
 # vLLM flags with no meaning in infer: accepted by name so the user gets this reason, never ignored.
 VLLM_REJECTED: dict[str, str] = {

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infer.core.config.flags import FLAG_SPECS, OPEN_CHOICES, ConfigError, FlagSpec
+from infer.core.config.parallel import check_parallel_setup
 from infer.core.config.server_args import PLATFORM, ServerArgs
 from infer.core.platform import Platform, SettingAdjustment
 from infer.core.support import Entry, Status
@@ -166,5 +167,6 @@ def run_gate(args: ServerArgs, platform: Platform | None = None, host: Any = Non
         host = host or get_plugin_host()
         platform = platform or host.select(args.device)
     warnings_out = check_flags(args, platform, host)
+    check_parallel_setup(args, platform)
     adjustments = apply_platform_defaults(args, platform)
     return GateReport(platform=platform, warnings=warnings_out, adjustments=adjustments)

@@ -150,6 +150,13 @@ class ParallelConfig:
     dist_timeout: int | None = None
     load_balance_method: str = "round_robin"
     executor_backend: str = "mp"  # --distributed-executor-backend: mp (spawned processes) or ray
+    dp_rank: int = 0  # which data-parallel replica this engine is (set by the server per replica)
+
+    @property
+    def local_slot(self) -> tuple[int, int]:
+        """(first device slot of this replica on its node, slots used on the node by all replicas)."""
+        per_node = self.world_size // self.nnodes
+        return self.dp_rank * per_node, self.dp_size * per_node
 
     @property
     def world_size(self) -> int:

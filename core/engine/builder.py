@@ -56,6 +56,8 @@ def make_executor(cfg: EngineConfig, platform: Any, loaded: Any = None) -> Execu
     """One process for one rank; one process per rank (spawned here, or Ray actors) otherwise.
     The executor loads the model (this rank's shard) unless ``loaded`` is given (one rank)."""
     if cfg.parallel.world_size == 1:
+        if cfg.parallel.dp_size > 1:  # replicas on one node: each takes its device (or share)
+            platform.bind_local_rank(*cfg.parallel.local_slot)
         if loaded is None:
             from infer.core.model.loader import load_model_from_config
 

@@ -289,6 +289,7 @@ class Engine:
                 self.core.step()
             self._tracks.clear()
             self._closed = True
+            self.core.shutdown()
 
     def __enter__(self) -> Engine:
         return self

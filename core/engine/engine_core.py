@@ -27,6 +27,7 @@ Sampled tokens are applied, and finish reasons decided, by ``infer.core.engine.f
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from infer.core.config.views import EngineConfig
@@ -40,12 +41,16 @@ __all__ = ["EngineCore", "QueueFullError", "Request", "RequestOutput", "EngineSt
 
 
 class EngineCore:
-    def __init__(self, server_args: Any, platform: Any = None, loaded: Any = None) -> None:
+    def __init__(self, server_args: Any, platform: Any = None, loaded: Any = None,
+                 dp_rank: int = 0) -> None:
         if platform is None:
             from infer.core.config.gate import run_gate
 
             platform = run_gate(server_args).platform
-        parts = build_engine(EngineConfig.from_server_args(server_args), platform, loaded)
+        cfg = EngineConfig.from_server_args(server_args)
+        if dp_rank:
+            cfg = replace(cfg, parallel=replace(cfg.parallel, dp_rank=dp_rank))
+        parts = build_engine(cfg, platform, loaded)
         self.args, self.cfg, self.platform, self.loaded = server_args, parts.cfg, platform, parts.loaded
         self.tokenizer, self.arch = parts.loaded.tokenizer, parts.loaded.arch
         self.pool, self.kv, self.scheduler = parts.pool, parts.kv, parts.scheduler
@@ -154,6 +159,10 @@ class EngineCore:
                 r.counted = True
                 self.counters["prompt_tokens"] += len(r.prompt_ids)
                 self.counters["cached_tokens"] += r.cached_tokens
+
+    def shutdown(self) -> None:
+        """Stop the executor (and the processes of other ranks); the core is unusable after."""
+        self.executor.shutdown()
 
     def flush_cache(self) -> bool:
         if self.scheduler.running:

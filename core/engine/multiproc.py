@@ -19,11 +19,14 @@ and ends its process (exit code 1) when one exits, so the server sees a dead eng
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import pickle
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -31,7 +34,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import zmq
 from infer.core.config.views import EngineConfig
 from infer.core.engine.executor import Executor, pool_pages
@@ -71,8 +73,8 @@ class RankProcess:
 
             platform = get_plugin_host().select(platform_name)
         self.platform = platform
-        per_node = self.world // p.nnodes
-        platform.bind_local_rank(rank % per_node, per_node)
+        first, slots = p.local_slot
+        platform.bind_local_rank(first + rank % (self.world // p.nnodes), slots)
         timeout = timedelta(seconds=p.dist_timeout or 600)
         dist.init_process_group(platform.dist_backend, init_method=f"tcp://{host}:{port}",
                                 world_size=self.world, rank=rank, timeout=timeout)
@@ -124,20 +126,35 @@ def _worker_main(cfg: EngineConfig, platform_name: str, rank: int, host: str, po
         dist.destroy_process_group()
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when the process that started it dies (Linux)."""
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def spawn_rank(cfg: EngineConfig, platform_name: str, rank: int, host: str, port: int
+               ) -> subprocess.Popen:
+    """Start rank ``rank`` as a fresh interpreter (``python -m infer.core.engine.multiproc``),
+    its arguments pickled on its stdin. A new interpreter rather than a multiprocessing child:
+    the server's engine process is itself a daemonic child, which may not have children."""
+    proc = subprocess.Popen([sys.executable, "-m", "infer.core.engine.multiproc"],
+                            stdin=subprocess.PIPE, preexec_fn=_die_with_parent)
+    proc.stdin.write(pickle.dumps((cfg, platform_name, rank, host, port)))
+    proc.stdin.close()
+    return proc
+
+
 def run_node(cfg: EngineConfig, platform_name: str) -> int:
     """``--node-rank`` > 0: start this node's ranks and wait for them (no scheduler, no HTTP)."""
     host, port = init_addresses(cfg)
     p = cfg.parallel
     per_node = p.world_size // p.nnodes
-    ranks = range(p.node_rank * per_node, (p.node_rank + 1) * per_node)
-    spawn = mp.get_context("spawn")
-    procs = [spawn.Process(target=_worker_main, args=(cfg, platform_name, r, host, port), daemon=True)
-             for r in ranks]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join()
-    return 0 if all(proc.exitcode == 0 for proc in procs) else 1
+    procs = [spawn_rank(cfg, platform_name, r, host, port)
+             for r in range(p.node_rank * per_node, (p.node_rank + 1) * per_node)]
+    codes = [proc.wait() for proc in procs]
+    return 0 if all(c == 0 for c in codes) else 1
 
 
 class MultiprocExecutor(Executor):
@@ -145,36 +162,38 @@ class MultiprocExecutor(Executor):
         self.cfg = cfg
         p = cfg.parallel
         host, port = init_addresses(cfg)
-        per_node = p.world_size // p.nnodes
-        spawn = mp.get_context("spawn")
-        self.procs = [spawn.Process(target=_worker_main, args=(cfg, platform.name, r, host, port),
-                                    daemon=True)
-                      for r in range(1, per_node)]
-        for proc in self.procs:
-            proc.start()
+        self.procs = self._start_ranks(cfg, platform, host, port)
         self._stopping = False
         self._watch = threading.Thread(target=self._watch_children, daemon=True)
         self._watch.start()
         self.zmq = zmq.Context()
         self.pub = self.zmq.socket(zmq.PUB)
         self.pub.setsockopt(zmq.SNDHWM, 0)
-        self.pub.bind(f"tcp://{'*' if p.nnodes > 1 else host}:{port + 1}")
+        self.pub.bind(f"tcp://{'*' if p.nnodes > 1 or self.remote_ranks else host}:{port + 1}")
         self.rank0 = RankProcess(cfg, platform.name, 0, host, port, platform=platform)
         self.loaded = self.rank0.loaded
         self.runner: ModelRunner | None = None
         self.publish_seconds = 0.0  # time spent handing inputs to the other ranks (benchmarks)
         self.steps = 0
 
+    remote_ranks = False  # ranks may run on other hosts (bind the step channel on every address)
+
+    def _start_ranks(self, cfg: EngineConfig, platform: Any, host: str, port: int) -> list[Any]:
+        """Start ranks 1.. of this node; each handle has ``poll()``, ``kill()``, ``wait(timeout)``
+        and ``pid`` (subprocess.Popen's)."""
+        per_node = cfg.parallel.world_size // cfg.parallel.nnodes
+        return [spawn_rank(cfg, platform.name, r, host, port) for r in range(1, per_node)]
+
     def _watch_children(self) -> None:
         """A rank that exits while rank 0 runs leaves collectives that can never finish: end this
         process (the server reports the dead engine) rather than hang."""
         while True:
             for proc in self.procs:
-                if proc.exitcode is not None and not self._stopping:
+                if proc.poll() is not None and not self._stopping:
                     log.error("rank process %s exited with code %s; stopping the engine",
-                              proc.pid, proc.exitcode)
+                              proc.pid, proc.returncode)
                     for other in self.procs:
-                        if other.is_alive():
+                        if other.poll() is None:
                             other.kill()
                     os._exit(1)
             time.sleep(0.2)
@@ -206,15 +225,24 @@ class MultiprocExecutor(Executor):
         self.runner.forget(rid)
 
     def shutdown(self) -> None:
+        if self._stopping:
+            return
         self._stopping = True
         try:
             self.pub.send(_STOP)
             for proc in self.procs:
-                proc.join(timeout=10)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
         finally:
             for proc in self.procs:
-                if proc.is_alive():
+                if proc.poll() is None:
                     proc.kill()
             self.zmq.destroy(linger=0)
             if dist.is_initialized():
                 dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _worker_main(*pickle.loads(sys.stdin.buffer.read()))

@@ -64,6 +64,12 @@ def probe() -> ProbeResult:
     return ProbeResult(platform="cpu", found=True, device=info, is_accelerator=False)
 
 
+def _usable_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 class CpuPlatform(Platform):
     name = "cpu"
     torch_device = "cpu"
@@ -83,14 +89,17 @@ class CpuPlatform(Platform):
             pass
         return self.info.memory_bytes // self._share
 
+    def max_local_ranks(self) -> int:
+        """Ranks share the host: at most one per core this process may use."""
+        return _usable_cores()
+
     def bind_local_rank(self, local_rank: int, local_world_size: int) -> None:
         """Ranks on one host share its memory and its cores: each takes an equal share of both
         (threads: the cores this process may use, divided among the local ranks)."""
         import torch
 
         self._share = local_world_size
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        torch.set_num_threads(max(1, (cores or 1) // local_world_size))
+        torch.set_num_threads(max(1, _usable_cores() // local_world_size))
 
     def default_adjustments(self, args: Any) -> list[SettingAdjustment]:
         # The forward runs on the host thread: there is no queued device work for scheduling

@@ -42,6 +42,9 @@ class CudaPlatform(Platform):
 
         torch.cuda.synchronize()
 
+    def ray_resources(self) -> dict[str, float]:
+        return {"CPU": 1, "GPU": 1}
+
     def bind_local_rank(self, local_rank: int, local_world_size: int) -> None:
         import torch
 

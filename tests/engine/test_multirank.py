@@ -1,0 +1,142 @@
+"""The multi-rank executor with real processes over gloo: tp=2 against one rank, a rank that
+dies, and the parallel layouts refused at start-up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from helpers import random_prompts, run_all
+from infer.core.config import ConfigError, ServerArgs
+from infer.core.config.gate import run_gate
+from infer.core.engine.engine_core import EngineCore
+from infer.core.plugins import get_plugin_host
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return get_plugin_host().select("cpu")
+
+
+def _core(model_dir, cpu, **flags):
+    flags.setdefault("dtype", "float32")
+    flags.setdefault("max_total_tokens", 4096)
+    args = ServerArgs(model_path=str(model_dir), device="cpu", **flags)
+    run_gate(args, platform=cpu, host=get_plugin_host())  # the matrix allows the layout
+    return EngineCore(args, platform=cpu)
+
+
+@pytest.mark.slow
+def test_tp2_gives_the_tokens_of_one_rank(tiny_model, cpu):
+    """Greedy tokens of tp=2 (two processes, heads and MLP split, vocab-parallel head) equal one
+    rank's, through prefix-cache hits and chunked prefill."""
+    prompts = random_prompts(6, seed=3)
+    prompts += [prompts[0] + [7, 8, 9]]  # a prefix-cache hit
+    params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    want = {k: v[0] for k, v in run_all(_core(tiny_model[0], cpu), prompts, params).items()}
+    core = _core(tiny_model[0], cpu, tp_size=2, chunked_prefill_size=16)
+    try:
+        assert core.executor.loaded.ctx.tp_size == 2
+        got = {k: v[0] for k, v in run_all(core, prompts, params, stagger=2).items()}
+        assert core.executor.steps > 0
+    finally:
+        core.shutdown()
+    assert got == want
+    assert all(p.poll() is not None for p in core.executor.procs), "rank processes left behind"
+
+
+_KILLED = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {here!r})
+    from infer.core.config import ServerArgs
+    from infer.core.engine.engine_core import EngineCore
+    from infer.core.plugins import get_plugin_host
+    core = EngineCore(ServerArgs(model_path={model!r}, dtype="float32", max_total_tokens=4096,
+                                 tp_size=2), platform=get_plugin_host().select("cpu"))
+    print("WORKER", core.executor.procs[0].pid, flush=True)
+    while True:
+        core.add_request(core.make_request(str(time.time()), [5, 6, 7], {{"max_new_tokens": 50}}))
+        while core.has_work():
+            core.step()
+""")
+
+
+@pytest.mark.slow
+def test_a_killed_rank_ends_the_engine(tiny_model):
+    """A rank killed mid-serving: the engine process exits non-zero within seconds (the server
+    then answers 503 and exits, as for any dead engine), and no rank process is left."""
+    code = _KILLED.format(here=str(HERE), model=str(tiny_model[0]))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("WORKER"), line
+        worker = int(line.split()[1])
+        time.sleep(1.0)
+        os.kill(worker, signal.SIGKILL)
+        t = time.monotonic()
+        rc = proc.wait(timeout=60)
+        assert rc != 0 and time.monotonic() - t < 30
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.parametrize(("flags", "match"), [
+    (dict(tp_size=2, nnodes=3), "--nnodes"),
+    (dict(tp_size=2, nnodes=2), "--dist-init-addr"),
+    (dict(tp_size=2, node_rank=1), "--node-rank 1"),
+    (dict(tp_size=512), "ranks on this node"),
+    (dict(tp_size=2, dp_size=256), "ranks on this node"),
+])
+def test_bad_layouts_are_refused_before_loading(cpu, flags, match):
+    with pytest.raises(ConfigError, match=match):
+        run_gate(ServerArgs(model_path="unused", **flags), platform=cpu, host=get_plugin_host())
+
+
+def test_a_taken_rendezvous_port_is_refused(cpu):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"port {port} is already in use"):
+            run_gate(ServerArgs(model_path="unused", tp_size=2, dist_init_addr=f"127.0.0.1:{port}"),
+                     platform=cpu, host=get_plugin_host())
+
+
+def test_ray_backend_needs_ray(cpu, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "ray" else real(n, *a))
+    with pytest.raises(ConfigError, match="Ray is not installed"):
+        run_gate(ServerArgs(model_path="unused", tp_size=2, distributed_executor_backend="ray"),
+                 platform=cpu, host=get_plugin_host())
+
+
+@pytest.mark.slow
+def test_ray_executor_gives_the_tokens_of_one_rank(tiny_model, cpu):
+    """--distributed-executor-backend ray on a local Ray: rank 1 is a Ray actor."""
+    pytest.importorskip("ray")
+    import ray
+
+    prompts = random_prompts(3, seed=5)
+    params = {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}
+    want = {k: v[0] for k, v in run_all(_core(tiny_model[0], cpu), prompts, params).items()}
+    core = _core(tiny_model[0], cpu, tp_size=2, distributed_executor_backend="ray")
+    try:
+        assert type(core.executor).__name__ == "RayExecutor"
+        got = {k: v[0] for k, v in run_all(core, prompts, params).items()}
+    finally:
+        core.shutdown()
+        ray.shutdown()
+    assert got == want
