@@ -41,6 +41,13 @@ def serve(model: Annotated[Optional[str], typer.Argument(
     for w in report.warnings:
         typer.echo(f"warning: {w}", err=True)
     _check_model_source(args)
+    if (args.node_rank or 0) > 0:  # a worker node: its ranks join node 0's engine; no HTTP here
+        from infer.core.config.views import EngineConfig
+        from infer.core.engine.multiproc import run_node
+
+        typer.echo(f"node {args.node_rank} of {args.nnodes}: starting its ranks, joining "
+                   f"{args.dist_init_addr}", err=True)
+        sys.exit(run_node(EngineConfig.from_server_args(args), report.platform.name))
     try:
         from infer.server.launch import launch_server
     except ModuleNotFoundError as exc:

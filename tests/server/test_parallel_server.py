@@ -90,3 +90,29 @@ def test_tp2_server_answers_as_one_rank(start_server, single):
         assert got == want
     finally:
         assert s.stop() == 0
+
+
+def test_two_nodes_on_one_host(start_server, single, tiny_dir, tmp_path):
+    """--nnodes 2: node 0 (scheduler, rank 0, HTTP) and node 1 (rank 1) as two `infer serve`
+    processes on 127.0.0.1 meeting at --dist-init-addr; the answer is one rank's."""
+    import shutil
+
+    from server_proc import free_port
+
+    want = httpx.post(f"{single.url}/generate", json=PROMPT, timeout=120).json()["text"]
+    addr = f"127.0.0.1:{free_port()}"
+    flags = ("--tp-size", "2", "--nnodes", "2", "--dist-init-addr", addr)
+    log = open(tmp_path / "node1.log", "w")
+    node1 = subprocess.Popen([shutil.which("infer") or "infer", "serve", "--model-path", str(tiny_dir),
+                              "--device", "cpu", *flags, "--node-rank", "1"],
+                             stdout=log, stderr=subprocess.STDOUT)
+    s = start_server(*flags, "--node-rank", "0")
+    try:
+        got = httpx.post(f"{s.url}/generate", json=PROMPT, timeout=120).json()["text"]
+        assert got == want
+        assert s.stop() == 0
+        assert node1.wait(timeout=60) == 0, (tmp_path / "node1.log").read_text()[-2000:]
+    finally:
+        if node1.poll() is None:
+            node1.kill()
+        log.close()
