@@ -504,6 +504,60 @@ static inline __attribute__((always_inline)) void f32_tile(const float *wf, int 
 }
 #endif
 
+#define RD 8 /* weight rows of a one-row tile: independent chains to hide the FMA latency */
+#ifdef __AVX2__
+/* One activation row x against weight rows [n0, n0 + NR) of w, dequantized in registers instead
+ * of through the buffer: the same weight values (fma(q, d, m) is exact, d q being exact) and the
+ * same chain per output as f32_tile, so the result is the same bits; one row reads each weight
+ * once, so skipping the buffer's store and load is what it saves. Inlined with a constant NR. */
+static inline __attribute__((always_inline)) void row_dots(int kind, const void *w, int nb,
+                                                           int n0, int NR, const float *x,
+                                                           float *y) {
+  __m256 a[RD];
+  for (int r = 0; r < NR; r++) a[r] = _mm256_setzero_ps();
+  const __m128i low = _mm_set1_epi8(0x0F);
+  /* the next tile's rows, a slice per block: the rows are read side by side, which the hardware
+   * prefetchers do not follow as they do one stream */
+  int64_t bytes = (int64_t)NR * nb * (kind == 4 ? (int64_t)sizeof(block_q4) : (int64_t)sizeof(block_q8));
+  const char *next = (const char *)w + (int64_t)(n0 + NR) * nb *
+                                           (kind == 4 ? (int64_t)sizeof(block_q4) : (int64_t)sizeof(block_q8));
+  for (int b = 0; b < nb; b++) {
+    for (int64_t off = bytes * b / nb; off < bytes * (b + 1) / nb; off += 64)
+      _mm_prefetch(next + off, _MM_HINT_T0);
+    const float *xb = x + (int64_t)b * QK;
+    __m256 x0 = _mm256_loadu_ps(xb), x1 = _mm256_loadu_ps(xb + 8), x2 = _mm256_loadu_ps(xb + 16),
+           x3 = _mm256_loadu_ps(xb + 24);
+    for (int r = 0; r < NR; r++) {
+      __m256 w0, w1, w2, w3;
+      if (kind == 4) {
+        const block_q4 *blk = (const block_q4 *)w + (int64_t)(n0 + r) * nb + b;
+        __m256 vd = _mm256_set1_ps(h2f(blk->d)), vm = _mm256_set1_ps(h2f(blk->m));
+        __m128i raw = _mm_loadu_si128((const __m128i *)blk->qs);
+        __m128i lo = _mm_and_si128(raw, low), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
+        w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), vd, vm);
+        w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), vd, vm);
+        w2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), vd, vm);
+        w3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), vd, vm);
+      } else {
+        const block_q8 *blk = (const block_q8 *)w + (int64_t)(n0 + r) * nb + b;
+        __m256 vd = _mm256_set1_ps(h2f(blk->d));
+#define W8(t) _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk->qs + 8 * (t))))))
+        w0 = W8(0);
+        w1 = W8(1);
+        w2 = W8(2);
+        w3 = W8(3);
+#undef W8
+      }
+      a[r] = _mm256_fmadd_ps(w0, x0, a[r]);
+      a[r] = _mm256_fmadd_ps(w1, x1, a[r]);
+      a[r] = _mm256_fmadd_ps(w2, x2, a[r]);
+      a[r] = _mm256_fmadd_ps(w3, x3, a[r]);
+    }
+  }
+  for (int r = 0; r < NR; r++) y[r] = hsum256(a[r]);
+}
+#endif
+
 /* The nr <= FR dequantized rows wf against M activation rows; y points at the chunk's first
  * output column. One activation row: tiles of all nr weight rows (independent chains for the
  * FMA latency); more: tiles of 2 weight rows x up to FTM activation rows. */
@@ -557,6 +611,16 @@ static void f32_chunk(const float *wf, int nr, int K, const float *x, int64_t x_
  * floats of scratch, 32-byte aligned. */
 static void fgemm_rows(int kind, const float *x, int64_t x_stride, int M, int K, const void *w,
                        const float *bias, int n0, int n1, float *y, int64_t y_stride, float *wf) {
+#ifdef __AVX2__
+  if (M == 1) { /* no buffer: see row_dots */
+    int nb = K / QK, c = n0;
+    for (; c + RD <= n1; c += RD) row_dots(kind, w, nb, c, RD, x, y + c);
+    for (; c < n1; c++) row_dots(kind, w, nb, c, 1, x, y + c);
+    if (bias)
+      for (c = n0; c < n1; c++) y[c] += bias[c];
+    return;
+  }
+#endif
   for (int mb = 0; mb < M; mb += FMB) {
     int mm = M - mb < FMB ? M - mb : FMB;
     for (int c = n0; c < n1; c += FR) {
