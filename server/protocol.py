@@ -19,7 +19,7 @@ _MAX_LOGPROBS = 20
 
 NonNegInt = Annotated[int, Field(ge=0, le=_MAX_TOKENS_CAP)]
 PosInt = Annotated[int, Field(ge=1, le=_MAX_TOKENS_CAP)]
-TokenIds = list[Annotated[int, Field(ge=0)]]
+TokenIds = list[Annotated[int, Field(ge=0, lt=1 << 31)]]  # ids past the vocabulary: the engine's 400
 
 
 class _Strict(BaseModel):

@@ -69,3 +69,19 @@ class ServerProc:
                 self.proc.wait()
         self.log.close()
         return self.proc.returncode
+
+
+def engine_stats(http) -> dict:
+    """The engine's counters (running, queued, pages, tokens) from /get_server_info."""
+    return http.get("/get_server_info").json()["engine"]
+
+
+def wait_engine_idle(http, timeout: float = 60) -> dict:
+    """Poll until nothing runs or waits in the engine; its stats then."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        eng = engine_stats(http)
+        if eng["running"] == 0 and eng["queued"] == 0:
+            return eng
+        time.sleep(0.05)
+    raise AssertionError(f"engine still busy after {timeout} s: {eng}")

@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import time
 
 import httpx
 import pytest
+from server_proc import engine_stats as _engine
+from server_proc import wait_engine_idle as _wait_idle
 
 N_STREAMS, N_CUT = 64, 16
 KEPT_TOKENS, CUT_BUDGET = 24, 480
@@ -24,20 +25,6 @@ KEPT_TOKENS, CUT_BUDGET = 24, 480
 @pytest.fixture(scope="module")
 def srv(start_server):
     return start_server("--skip-server-warmup", "--max-total-tokens", "16384")
-
-
-def _engine(c: httpx.Client) -> dict:
-    return c.get("/get_server_info").json()["engine"]
-
-
-def _wait_idle(c: httpx.Client, timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        eng = _engine(c)
-        if eng["running"] == 0 and eng["queued"] == 0:
-            return eng
-        time.sleep(0.05)
-    raise AssertionError(f"engine still busy after {timeout} s: {eng}")
 
 
 def _body(i: int, stream: bool) -> dict:

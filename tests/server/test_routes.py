@@ -8,6 +8,8 @@ import time
 
 import httpx
 import pytest
+from server_proc import engine_stats as _pool
+from server_proc import wait_engine_idle as _wait_idle
 
 BAD_REQUESTS = [
     # (route, raw body, expected status, expected param or None)
@@ -29,6 +31,7 @@ BAD_REQUESTS = [
     ("/v1/completions", b'{"prompt": "x", "suffix": "y"}', 400, "suffix"),
     ("/v1/completions", b'{"prompt": [], "max_tokens": 2}', 400, "prompt"),
     ("/v1/completions", b'{"prompt": [999999], "max_tokens": 2}', 400, None),
+    ("/v1/completions", b'{"prompt": [[], [5032332587209668608, 3]]}', 400, "prompt"),  # was a 500
     ("/v1/completions", b'{"prompt": "x", "regex": "(", "max_tokens": 2}', 400, None),
     # seeds beyond int64 crashed the engine (found by schemathesis)
     ("/v1/completions", b'{"prompt": "x", "seed": 18446744073709551614, "max_tokens": 2}', 400, "seed"),
@@ -156,20 +159,6 @@ def test_disconnect_mid_request_aborts_it(http, server):
     eng = _wait_idle(http, timeout=10)
     assert eng["running"] == 0
     assert _aborted_count(http) == before + 1
-
-
-def _pool(http) -> dict:
-    return http.get("/get_server_info").json()["engine"]
-
-
-def _wait_idle(http, timeout=60) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        eng = _pool(http)
-        if eng["running"] == 0 and eng["queued"] == 0:
-            return eng
-        time.sleep(0.1)
-    raise AssertionError(f"engine still busy: {eng}")
 
 
 def test_64_streams_quarter_disconnect_no_leak(http, server):
