@@ -29,13 +29,15 @@ log = logging.getLogger(__name__)
 
 
 def pool_pages(cache: CacheConfig, arch: Any, weight_bytes: int, memory_available: int,
-               kv_heads: int) -> int:
-    """KV pages (including the scratch page 0) for one rank holding ``kv_heads`` KV heads per
-    layer and ``weight_bytes`` of weights, with ``memory_available`` bytes on its device."""
+               kv_heads: int, num_layers: int | None = None) -> int:
+    """KV pages (including the scratch page 0) for one rank holding ``kv_heads`` KV heads in each
+    of ``num_layers`` layers (default: all) and ``weight_bytes`` of weights, with
+    ``memory_available`` bytes on its device."""
     ps = cache.page_size
     if cache.max_total_tokens:
         return -(-int(cache.max_total_tokens) // ps) + 1
-    per_token = kv_bytes_per_token(arch.num_layers, kv_heads, arch.head_dim, arch.kv_dtype.itemsize)
+    layers = arch.num_layers if num_layers is None else num_layers
+    per_token = kv_bytes_per_token(layers, kv_heads, arch.head_dim, arch.kv_dtype.itemsize)
     frac = cache.mem_fraction
     budget = int(frac * memory_available) - weight_bytes
     tokens = budget // per_token

@@ -96,6 +96,12 @@ class StepResult:
         field(default_factory=dict)
 
 
+def kv_layers(loaded: Any) -> range:
+    """The layers whose KV cache this rank holds: all, or its pipeline stage's."""
+    stage = getattr(loaded.ctx, "pipeline", None)
+    return stage.layers if stage is not None else range(loaded.arch.num_layers)
+
+
 class ModelRunner:
     def __init__(self, loaded: Any, cfg: EngineConfig, num_pages: int, platform: Any,
                  grammar: Any = None) -> None:
@@ -116,11 +122,14 @@ class ModelRunner:
         # this rank's KV heads (all of them on one rank; a shard under tensor parallelism)
         kv_heads = self.attn_backend.config.num_kv_heads
         shape = (num_pages, page_size, kv_heads, self.arch.head_dim)
-        self.kv_cache = KVCache(
-            k=[torch.zeros(shape, dtype=self.arch.kv_dtype, device=self.device)
-               for _ in range(self.arch.num_layers)],
-            v=[torch.zeros(shape, dtype=self.arch.kv_dtype, device=self.device)
-               for _ in range(self.arch.num_layers)])
+        owned = kv_layers(loaded)  # every layer, or this pipeline stage's (others get no cache)
+
+        def cache(i: int) -> torch.Tensor:
+            return torch.zeros(shape if i in owned else (0,), dtype=self.arch.kv_dtype,
+                               device=self.device)
+
+        self.kv_cache = KVCache(k=[cache(i) for i in range(self.arch.num_layers)],
+                                v=[cache(i) for i in range(self.arch.num_layers)])
         # overlap scheduling: row i holds the id sampled for row i of the last deferred step
         self._future = torch.zeros(0, dtype=torch.int64, device=self.device)
         self._tables: dict[str, np.ndarray] = {}  # rid -> host copy of its page list

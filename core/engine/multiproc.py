@@ -37,7 +37,7 @@ import torch.distributed as dist
 import zmq
 from infer.core.config.views import EngineConfig
 from infer.core.engine.executor import Executor, pool_pages
-from infer.core.engine.model_runner import LaunchedStep, ModelRunner, StepInputs, StepResult
+from infer.core.engine.model_runner import LaunchedStep, ModelRunner, StepInputs, StepResult, kv_layers
 from infer.core.engine.scheduler import ScheduleBatch
 
 log = logging.getLogger(__name__)
@@ -80,15 +80,23 @@ class RankProcess:
                                 world_size=self.world, rank=rank, timeout=timeout)
         from infer.core.model.loader import load_model
 
+        tp_rank, pp_rank = rank % p.tp_size, rank // p.tp_size
+        group = None
+        if p.pp_size > 1 and p.tp_size > 1:  # one tensor-parallel group per pipeline stage
+            groups = [dist.new_group(list(range(s * p.tp_size, (s + 1) * p.tp_size)))
+                      for s in range(p.pp_size)]
+            group = groups[pp_rank]
         self.loaded = load_model(cfg.load.model_path, platform=platform, progress=rank == 0,
-                                 tp_size=p.tp_size, tp_rank=rank, ep_size=p.ep_size,
+                                 tp_size=p.tp_size, tp_rank=tp_rank, ep_size=p.ep_size,
+                                 comm_group=group, pp_size=p.pp_size, pp_rank=pp_rank,
                                  **cfg.load.load_kwargs())
 
     def kv_pages(self) -> int:
         """This rank's page budget, then the smallest over all ranks (every rank calls this)."""
         weights = sum(t.numel() * t.element_size() for t in self.loaded.model.parameters())
         mine = pool_pages(self.cfg.cache, self.loaded.arch, weights, self.platform.memory_available(),
-                          self.loaded.ctx.attn_backend.config.num_kv_heads)
+                          self.loaded.ctx.attn_backend.config.num_kv_heads,
+                          len(kv_layers(self.loaded)))
         t = torch.tensor([mine], dtype=torch.int64, device=self.platform.torch_device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         return int(t.item())

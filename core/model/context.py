@@ -70,6 +70,7 @@ class ModelContext:
     tp_size: int = 1
     tp_rank: int = 0
     ep_size: int = 1  # expert-parallel groups inside the tp ranks (divides tp_size)
+    pipeline: Any = None  # this rank's PipelineStage under --pp-size > 1 (infer.core.model.pipeline)
     context_length: int | None = None  # longest sequence; sizes the rotary table
     deterministic: bool = False  # --enable-deterministic-inference (batch-invariant kernels)
     attn_backend: AttentionBackend | None = field(default=None)

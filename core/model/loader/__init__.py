@@ -28,7 +28,7 @@ _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"
                   "presence_penalty", "frequency_penalty", "max_new_tokens")
 
 __all__ = ["LoadedModel", "ModelSourceError", "UnknownArchitectureError", "load_model",
-           "load_model_from_args"]
+           "load_model_from_args", "load_model_from_config"]
 
 
 @dataclass
@@ -84,12 +84,13 @@ def load_model(model_path: str, *, platform: Any = None, host: Any = None, dtype
                skip_tokenizer_init: bool = False, progress: bool = True,
                seed: int = 0, torchao_config: str = "", kv_cache_dtype: str = "auto",
                quantization_param_path: str | None = None, tp_size: int = 1, tp_rank: int = 0,
-               ep_size: int = 1, comm_group: Any = None,
+               ep_size: int = 1, comm_group: Any = None, pp_size: int = 1, pp_rank: int = 0,
                enable_deterministic_inference: bool = False) -> LoadedModel:
     """Build the model for ``model_path`` on the active platform. Settings carry the SGLang
     server-argument meanings; errors name the bad value and what to use instead. With
     ``tp_size`` > 1 this builds and loads rank ``tp_rank``'s shard only (its process group
-    initialised by the caller; ``infer.core.model.layers.shard``)."""
+    initialised by the caller; ``infer.core.model.layers.shard``). With ``pp_size`` > 1 only
+    stage ``pp_rank``'s layers are built and loaded (``infer.core.model.pipeline``)."""
     if host is None:
         from infer.core.plugins import get_plugin_host
 
@@ -148,6 +149,11 @@ def load_model(model_path: str, *, platform: Any = None, host: Any = None, dtype
                              load_format=source.load_format,
                              dtype_explicit=dtype_explicit or dtype != "auto",
                              deterministic=enable_deterministic_inference)
+    if pp_size > 1:
+        from infer.core.model.pipeline import PipelineStage, stage_layers
+
+        ctx.pipeline = PipelineStage(pp_rank, pp_size, tp_size, tp_rank,
+                                     stage_layers(arch.num_layers, pp_size, pp_rank))
     ctx.context_length = length
     ctx.create_attention_backend(AttentionConfig(
         num_heads=arch.num_heads // ctx.tp_size, num_kv_heads=kv_head_slice(arch.num_kv_heads, tp_size, tp_rank).size,
@@ -200,22 +206,13 @@ def _check_quantization(quantization: str, is_gguf: bool) -> None:
                                   f"--quantization gguf or none)")
 
 
+def load_model_from_config(cfg: Any, *, platform: Any = None, host: Any = None) -> LoadedModel:
+    """``load_model`` for a ``LoadConfig`` (infer.core.config.views)."""
+    return load_model(cfg.model_path, platform=platform, host=host, **cfg.load_kwargs())
+
+
 def load_model_from_args(args: Any, *, platform: Any = None, host: Any = None) -> LoadedModel:
-    """``load_model`` reading SGLang-named fields off a ServerArgs-like object."""
-    explicit = "dtype" in (getattr(args, "model_fields_set", None) or ()) and args.dtype != "auto"
-    return load_model(
-        args.model_path, platform=platform, host=host, dtype=getattr(args, "dtype", "auto"),
-        load_format=getattr(args, "load_format", "auto"), revision=getattr(args, "revision", None),
-        quantization=getattr(args, "quantization", None),
-        tokenizer_path=getattr(args, "tokenizer_path", None),
-        context_length=getattr(args, "context_length", None),
-        model_impl=getattr(args, "model_impl", "auto"),
-        trust_remote_code=getattr(args, "trust_remote_code", False),
-        attention_backend=getattr(args, "attention_backend", None),
-        moe_runner_backend=getattr(args, "moe_runner_backend", "auto"),
-        page_size=getattr(args, "page_size", None) or 1,
-        max_batch_size=getattr(args, "max_running_requests", None) or 256,
-        dtype_explicit=explicit, skip_tokenizer_init=getattr(args, "skip_tokenizer_init", False),
-        torchao_config=getattr(args, "torchao_config", "") or "",
-        kv_cache_dtype=getattr(args, "kv_cache_dtype", None) or "auto",
-        quantization_param_path=getattr(args, "quantization_param_path", None))
+    """``load_model`` for a ServerArgs (its ``LoadConfig`` view)."""
+    from infer.core.config.views import LoadConfig
+
+    return load_model_from_config(LoadConfig.from_server_args(args), platform=platform, host=host)

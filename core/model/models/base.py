@@ -24,6 +24,7 @@ from infer.core.model.layers.moe import SparseMoE
 from infer.core.model.layers.norm import RMSNorm
 from infer.core.model.layers.rotary import RotaryEmbedding
 from infer.core.model.loader.weights import materialize
+from infer.core.model.pipeline import MissingLayer
 from infer.core.ops.forward_batch import ForwardBatch
 from torch import nn
 
@@ -35,6 +36,9 @@ EXPERT = re.compile(r"(.+)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_pro
 EXPERT_STACKED = re.compile(r"(.+)\.experts\.(gate_up_proj|down_proj)$")
 EXPERT_PART = {"w1": "gate", "w3": "up", "w2": "down", "gate_proj": "gate", "up_proj": "up",
                "down_proj": "down"}
+
+
+LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 class DecoderOnlyLM(nn.Module):
@@ -49,8 +53,10 @@ class DecoderOnlyLM(nn.Module):
         self.rotary = RotaryEmbedding(self.head_dim, max_pos, rope_parameters(config), ops=ctx.ops)
         self.model = nn.Module()
         self.model.embed_tokens = VocabEmbedding(config.vocab_size, self.hidden_size, ctx)
+        self.pipeline = getattr(ctx, "pipeline", None)  # this rank's stage (--pp-size > 1)
         self.model.layers = nn.ModuleList(
-            [self.make_layer(config, ctx, i) for i in range(config.num_hidden_layers)])
+            [self.make_layer(config, ctx, i) if self._owns(i) else MissingLayer()
+             for i in range(config.num_hidden_layers)])
         self.model.norm = RMSNorm(self.hidden_size, config.rms_norm_eps, ctx.dtype, ctx.ops)
         tied = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = LMHead(config.vocab_size, self.hidden_size, ctx,
@@ -59,8 +65,14 @@ class DecoderOnlyLM(nn.Module):
     def make_layer(self, config: Any, ctx: Any, layer_id: int) -> nn.Module:
         raise NotImplementedError
 
+    def _owns(self, layer_id: int) -> bool:
+        return self.pipeline is None or layer_id in self.pipeline.layers
+
     def forward(self, fwd: ForwardBatch) -> torch.Tensor:
-        """Packed tokens of the batch -> float32 logits [N, vocab] at ``fwd.logits_indices``."""
+        """Packed tokens of the batch -> float32 logits [N, vocab] at ``fwd.logits_indices``
+        (under pipeline parallelism: this stage's part, see infer.core.model.pipeline)."""
+        if self.pipeline is not None:
+            return self.pipeline.forward(self, fwd)
         h = self.model.embed_tokens(fwd.input_ids)  # [T, hidden]
         for layer in self.model.layers:
             h = layer(fwd.positions, h, fwd)
@@ -80,6 +92,8 @@ class DecoderOnlyLM(nn.Module):
         for name, tensor in weights:
             if name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and self.lm_head.tied):
                 continue
+            if (m := LAYER.match(name)) and not self._owns(int(m[1])):
+                continue  # another pipeline stage's layer
             if (m := EXPERT.match(name)) and isinstance(modules.get(m[1]), SparseMoE):
                 modules[m[1]].load_expert(int(m[2]), EXPERT_PART[m[3]], tensor)
                 loaded.add(f"{m[1]}.{'w2' if EXPERT_PART[m[3]] == 'down' else 'w13'}")

@@ -60,6 +60,8 @@ class NativeDecodeGraph(GraphRunner):
         ctx = mr.loaded.ctx
         if getattr(ctx, "tp_size", 1) != 1:
             raise _Unsupported("tensor parallelism")
+        if getattr(ctx, "pipeline", None) is not None:
+            raise _Unsupported("pipeline parallelism (a stage sends and receives between layers)")
         if ctx.attention_backend_name != "torch_native":
             raise _Unsupported(f"attention backend {ctx.attention_backend_name!r}")
         if mr.kv_cache.k[0].dtype == torch.bfloat16:

@@ -179,7 +179,9 @@ class CudaGraphRunner(GraphRunner):
             self.compile_max_bs = graph.torch_compile_max_bs
         self._compiled: Any = None
         backend = model_runner.attn_backend
-        self.enabled = bool(getattr(backend, "supports_graph_capture", False))
+        # a pipeline stage's send/recv cannot be captured: such a rank runs eagerly
+        self.enabled = bool(getattr(backend, "supports_graph_capture", False)) and \
+            getattr(getattr(getattr(model_runner, "loaded", None), "ctx", None), "pipeline", None) is None
         if not self.enabled:
             log.warning("attention backend %s cannot be captured in a CUDA graph; decode runs "
                         "eagerly", getattr(backend, "name", "?"))
