@@ -10,8 +10,8 @@ from __future__ import annotations
 import random
 
 import torch
-from infer.core.ops.forward_batch import ForwardBatch
 from infer.core.ops.attention import AttentionMetadata, KVCache
+from infer.core.ops.forward_batch import ForwardBatch
 
 
 class PagedDriver:

@@ -89,8 +89,8 @@ def teacher_forced_logits(loaded: Any, tokens: list[int], prefill_len: int) -> t
     given tokens, not sampled ones). Returns float32 logits [len(tokens), V] on the CPU: row i
     predicts token i + 1 from tokens[:i + 1]; rows from prefill_len on come from decode steps
     that read every earlier token's k/v back from the cache."""
-    from infer.core.ops.forward_batch import ForwardBatch
     from infer.core.ops.attention import AttentionMetadata, KVCache
+    from infer.core.ops.forward_batch import ForwardBatch
 
     arch, dev, n = loaded.arch, loaded.ctx.device, len(tokens)
     shape = (n + 1, 1, arch.num_kv_heads, arch.head_dim)  # page p holds position p - 1; page 0 unused
