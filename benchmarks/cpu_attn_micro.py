@@ -1,4 +1,4 @@
-"""Paged decode attention (``infer_paged_decode``) and the LM head (``infer_q8f_gemm``) of the CPU
+"""Paged decode attention (``infer_paged_decode``) and the LM head (``infer_fgemm`` on Q8_0) of the CPU
 plugin on the default model's shapes, for the working tree's kernels and, with ``--compare``,
 other versions of ``infer_cpu_kernels.c``, in alternating rounds on the same inputs.
 
@@ -69,9 +69,15 @@ def lm_head_fn(lib: ctypes.CDLL, w, m: int):
     x = torch.randn(m, HIDDEN)
     y = torch.empty(m, VOCAB)
 
-    def call():
-        lib.infer_q8f_gemm(x.data_ptr(), x.stride(0), m, HIDDEN, w.blocks.data_ptr(), VOCAB,
-                           y.data_ptr(), VOCAB)
+    p, i, n = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    if hasattr(lib, "infer_fgemm"):  # the batch-invariant GEMM (issue 13), kind 8 = Q8_0
+        def call():
+            lib.infer_fgemm(i(8), p(x.data_ptr()), n(x.stride(0)), i(m), i(HIDDEN),
+                            p(w.blocks.data_ptr()), None, i(VOCAB), p(y.data_ptr()), n(VOCAB))
+    else:  # older sources
+        def call():
+            lib.infer_q8f_gemm(p(x.data_ptr()), n(x.stride(0)), i(m), i(HIDDEN),
+                               p(w.blocks.data_ptr()), i(VOCAB), p(y.data_ptr()), n(VOCAB))
     return call, (x, y)
 
 

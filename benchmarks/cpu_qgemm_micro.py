@@ -67,8 +67,9 @@ def build_other(spec: str, tmp: Path) -> ctypes.CDLL:
                    check=True)
     lib = ctypes.CDLL(str(lib_path))
     for name, argtypes in kernels._SIGNATURES.items():
-        getattr(lib, name).argtypes = argtypes
-        getattr(lib, name).restype = None
+        if hasattr(lib, name):  # an older source may lack newer kernels (and have others)
+            getattr(lib, name).argtypes = argtypes
+            getattr(lib, name).restype = None
     return lib
 
 
