@@ -108,10 +108,10 @@ static inline void store16(float *v, const float *bias, int cols, void *y, int y
 #if defined(BF16_DP)
 static inline __attribute__((always_inline)) void tile(const act_t *x, int64_t xs, int tm,
                                                        const bf16 *P, int64_t ps, int tb, int K2,
-                                                       float out[TM][TB][CB]) {
+                                                       int init, float out[][TB][CB]) {
   __m512 acc[TM][TB];
   for (int m = 0; m < tm; m++)
-    for (int b = 0; b < tb; b++) acc[m][b] = _mm512_setzero_ps();
+    for (int b = 0; b < tb; b++) acc[m][b] = init ? _mm512_setzero_ps() : _mm512_loadu_ps(out[m][b]);
   for (int j = 0; j < K2; j++) {
     __m512i w[TB];
     for (int b = 0; b < tb; b++) w[b] = _mm512_loadu_si512((const void *)(P + b * ps + (int64_t)j * 32));
@@ -130,12 +130,15 @@ static inline __attribute__((always_inline)) void tile(const act_t *x, int64_t x
 /* One block (16 columns = two 8-column halves); even k from (w << 16), odd from (w & 0xFFFF0000). */
 static inline __attribute__((always_inline)) void tile(const act_t *x, int64_t xs, int tm,
                                                        const bf16 *P, int64_t ps, int tb, int K2,
-                                                       float out[TM][TB][CB]) {
+                                                       int init, float out[][TB][CB]) {
   (void)ps;
   (void)tb;
   const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
   __m256 acc[TM][2];
-  for (int m = 0; m < tm; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+  for (int m = 0; m < tm; m++) {
+    acc[m][0] = init ? _mm256_setzero_ps() : _mm256_loadu_ps(out[m][0]);
+    acc[m][1] = init ? _mm256_setzero_ps() : _mm256_loadu_ps(out[m][0] + 8);
+  }
   for (int j = 0; j < K2; j++) {
     __m256i w0 = _mm256_loadu_si256((const __m256i *)(P + (int64_t)j * 32));
     __m256i w1 = _mm256_loadu_si256((const __m256i *)(P + (int64_t)j * 32 + 16));
@@ -158,11 +161,11 @@ static inline __attribute__((always_inline)) void tile(const act_t *x, int64_t x
 #define TILE_TB 1
 #else
 static void tile(const act_t *x, int64_t xs, int tm, const bf16 *P, int64_t ps, int tb, int K2,
-                 float out[TM][TB][CB]) {
+                 int init, float out[][TB][CB]) {
   for (int m = 0; m < tm; m++)
     for (int b = 0; b < tb; b++)
       for (int c = 0; c < CB; c++) {
-        float s = 0.f;
+        float s = init ? 0.f : out[m][b][c];
         const bf16 *w = P + b * ps + 2 * c;
         for (int j = 0; j < K2; j++)
           s += bf16_to_f32(w[(int64_t)j * 32]) * x[m * xs + 2 * j] +
@@ -174,44 +177,52 @@ static void tile(const act_t *x, int64_t xs, int tm, const bf16 *P, int64_t ps, 
 #endif
 
 /* y[m, n] = act[m] . w[n] (+ bias[n]) for the column blocks [b0, b1), every row m < M.
- * act [M][2 K2] (row stride xs), y row stride ys (elements), float32 or bf16 outputs. */
+ * act [M][2 K2] (row stride xs), y row stride ys (elements), float32 or bf16 outputs.
+ * K is walked in chunks of KC pairs (a group's weights, TB x KC x 64 bytes, stay in L1 while
+ * every row tile uses them); the rows' float32 sums wait in acc [M][TB][CB] between chunks. */
+#define KC 64
 static void gemm_blocks(const act_t *act, int64_t xs, int M, int K2, const bf16 *P,
                         const float *bias, int N, int b0, int b1, void *y, int64_t ys, int y_bf16) {
   int64_t ps = (int64_t)K2 * 32; /* elements per packed block */
-  float out[TM][TB][CB], one[TM][TB][CB];
+  float(*acc)[TB][CB] = (float(*)[TB][CB])malloc(sizeof(float) * (size_t)M * TB * CB);
   for (int b = b0; b < b1; b += TILE_TB) {
     int tb = b1 - b < TILE_TB ? b1 - b : TILE_TB;
-    for (int m = 0; m < M; m += TM) {
-      int tm = M - m < TM ? M - m : TM;
-      const act_t *x = act + m * xs;
-      const bf16 *w = P + b * ps;
-      /* constant tile sizes let the compiler keep the accumulators in registers */
-      if (tm == TM && tb == TILE_TB)
-        tile(x, xs, TM, w, ps, TILE_TB, K2, out);
-      else if (tb == TILE_TB)
-        switch (tm) {
-          case 1: tile(x, xs, 1, w, ps, TILE_TB, K2, out); break;
-          case 2: tile(x, xs, 2, w, ps, TILE_TB, K2, out); break;
-          default: tile(x, xs, 3, w, ps, TILE_TB, K2, out); break;
-        }
-      else
-        for (int bb = 0; bb < tb; bb++) { /* the last < TILE_TB blocks, one at a time */
+    for (int kc = 0; kc < K2; kc += KC) {
+      int kn = K2 - kc < KC ? K2 - kc : KC, init = kc == 0;
+      const bf16 *w = P + b * ps + (int64_t)kc * 32;
+      for (int m = 0; m < M; m += TM) {
+        int tm = M - m < TM ? M - m : TM;
+        const act_t *x = act + m * xs + 2 * kc;
+        /* constant tile sizes let the compiler keep the accumulators in registers */
+        if (tm == TM && tb == TILE_TB)
+          tile(x, xs, TM, w, ps, TILE_TB, kn, init, acc + m);
+        else if (tb == TILE_TB)
           switch (tm) {
-            case 1: tile(x, xs, 1, w + bb * ps, ps, 1, K2, one); break;
-            case 2: tile(x, xs, 2, w + bb * ps, ps, 1, K2, one); break;
-            case 3: tile(x, xs, 3, w + bb * ps, ps, 1, K2, one); break;
-            default: tile(x, xs, 4, w + bb * ps, ps, 1, K2, one); break;
+            case 1: tile(x, xs, 1, w, ps, TILE_TB, kn, init, acc + m); break;
+            case 2: tile(x, xs, 2, w, ps, TILE_TB, kn, init, acc + m); break;
+            default: tile(x, xs, 3, w, ps, TILE_TB, kn, init, acc + m); break;
           }
-          for (int i = 0; i < tm; i++) memcpy(out[i][bb], one[i][0], sizeof out[i][bb]);
-        }
-      for (int i = 0; i < tm; i++)
-        for (int bb = 0; bb < tb; bb++) {
-          int n = (b + bb) * CB, cols = N - n < CB ? N - n : CB;
-          char *dst = (char *)y + ((m + i) * ys + n) * (y_bf16 ? 2 : 4);
-          store16(out[i][bb], bias ? bias + n : NULL, cols, dst, y_bf16);
-        }
+        else
+          for (int bb = 0; bb < tb; bb++) { /* the last < TILE_TB blocks, one at a time: their
+                                               sums go to column block bb of acc's rows */
+            float(*dst)[TB][CB] = (float(*)[TB][CB])acc[m][bb];
+            switch (tm) {
+              case 1: tile(x, xs, 1, w + bb * ps, ps, 1, kn, init, dst); break;
+              case 2: tile(x, xs, 2, w + bb * ps, ps, 1, kn, init, dst); break;
+              case 3: tile(x, xs, 3, w + bb * ps, ps, 1, kn, init, dst); break;
+              default: tile(x, xs, 4, w + bb * ps, ps, 1, kn, init, dst); break;
+            }
+          }
+      }
     }
+    for (int i = 0; i < M; i++)
+      for (int bb = 0; bb < tb; bb++) {
+        int n = (b + bb) * CB, cols = N - n < CB ? N - n : CB;
+        char *dst = (char *)y + (i * ys + n) * (y_bf16 ? 2 : 4);
+        store16(acc[i][bb], bias ? bias + n : NULL, cols, dst, y_bf16);
+      }
   }
+  free(acc);
 }
 
 /* Thread tid's share [b0, b1) of NB column blocks (contiguous, sizes differ by at most one). */
