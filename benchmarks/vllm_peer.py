@@ -170,11 +170,17 @@ def run(args: argparse.Namespace) -> dict:
     names = [n for n in (VLLM, INFER_BF16, INFER_Q4) if n in args.servers]
     rows: list[dict] = []
     log: list[dict] = []
+    first = 0
+    prev = args.out / "vllm_peer.json"
+    if getattr(args, "merge", False) and prev.exists():  # more rounds on an earlier run
+        old = json.loads(prev.read_text())
+        rows, log = old["rows"], old["log"]
+        first = 1 + max((r["round"] for r in rows), default=-1)
     summary: dict = {"rows": rows, "log": log, "args": {}}
     prompts = dict(zip(args.concurrency_levels, args.prompts or [PROMPTS.get(c, 2 * c)
                                                                  for c in args.concurrency_levels],
                        strict=True))
-    for rnd in range(args.rounds):
+    for rnd in range(first, first + args.rounds):
         for name in names if rnd % 2 == 0 else names[::-1]:  # alternate the order
             cmd, env = cmds[name]
             port = free_port()
@@ -200,7 +206,9 @@ def run(args: argparse.Namespace) -> dict:
             for r in rows:
                 if r["server"] == name and r["round"] == rnd:
                     r["peak_rss_bytes"] = info["peak_rss_bytes"]
-            summary = {"rows": rows, "log": log, "args": {k: str(v) for k, v in vars(args).items()}}
+            summary = {"rows": rows, "log": log,
+                       "args": {**{k: str(v) for k, v in vars(args).items()},
+                                "rounds": 1 + max(r["round"] for r in rows)}}
             # after every server, so an interrupted run can still be rendered (--report-only)
             (args.out / "vllm_peer.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary
@@ -252,7 +260,11 @@ def render(summary: dict) -> str:
     if errors:
         lines += ["", "Failed starts: " + "; ".join(f"{r['server']} round {r['round']}: "
                                                      f"{r['error']}" for r in errors)]
-    lines += ["", "![vLLM CPU peer](cpu_vllm.png)", "", "Commands (load average before -> after):", ""]
+    lines += ["", "![vLLM CPU peer](cpu_vllm.png)"]
+    notes = HERE / "cpu_vllm_notes.md"
+    if notes.exists():  # hand-written analysis of the committed run
+        lines += ["", notes.read_text().strip()]
+    lines += ["", "Commands (load average before -> after):", ""]
     lines += [f"- `{e['cmd']}` rc {e['rc']}, {e['wall_s']} s, load {e['load_before']} -> "
               f"{e['load_after']}" for e in summary["log"]]
     return "\n".join([*lines, END])
@@ -310,6 +322,7 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--out", type=Path, default=HERE / "out")
+    ap.add_argument("--merge", action="store_true", help="Add rounds to the vllm_peer.json in --out.")
     ap.add_argument("--report-only", action="store_true", help="Re-render from vllm_peer.json.")
     args = ap.parse_args()
     if args.report_only:
