@@ -63,13 +63,17 @@ def _check_model_source(args: ServerArgs) -> None:
     --context-length, --tokenizer-path and --trust-remote-code against it before the engine
     process starts, so a wrong value is one message and exit code 2, not a traceback from the
     engine. No weight is read."""
+    from infer.core.config.views import ParallelConfig
     from infer.core.model.loader.model_config import check_load_settings
     from infer.core.model.loader.source import ModelSourceError
+
+    parallel = ParallelConfig.from_server_args(args)  # --enable-expert-parallel: ep = tp
 
     try:
         check_load_settings(args.model_path, load_format=args.load_format, revision=args.revision,
                             tokenizer_path=args.tokenizer_path, context_length=args.context_length,
                             trust_remote_code=args.trust_remote_code,
-                            skip_tokenizer_init=args.skip_tokenizer_init)
-    except ModelSourceError as exc:
+                            skip_tokenizer_init=args.skip_tokenizer_init,
+                            tp_size=args.tp_size or 1, ep_size=parallel.ep_size)
+    except (ModelSourceError, ConfigError) as exc:
         fail(str(exc))

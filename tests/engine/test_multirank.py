@@ -163,3 +163,25 @@ def test_ray_executor_gives_the_tokens_of_one_rank(tiny_model, cpu):
         core.shutdown()
         ray.shutdown()
     assert got == want
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+def test_moe_tp2_ep2_gives_the_tokens_of_one_rank(tmp_path, cpu, arch):
+    """--tp-size 2 --enable-expert-parallel (experts split over the two ranks, tokens combined
+    through the communicator) through the engine equals one rank."""
+    sys.path.insert(0, str(HERE.parent / "model"))
+    from hf_tiny import save_tiny
+
+    save_tiny(arch, tmp_path)
+    prompts = random_prompts(3, seed=11, vocab=90)
+    params = {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}
+    one = _core(tmp_path, cpu, skip_tokenizer_init=True)
+    want = {k: v[0] for k, v in run_all(one, prompts, params).items()}
+    core = _core(tmp_path, cpu, skip_tokenizer_init=True, tp_size=2, enable_expert_parallel=True)
+    try:
+        assert core.executor.loaded.ctx.ep_size == 2
+        got = {k: v[0] for k, v in run_all(core, prompts, params).items()}
+    finally:
+        core.shutdown()
+    assert got == want

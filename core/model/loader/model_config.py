@@ -117,12 +117,17 @@ def load_tokenizer(source: ModelSource, tokenizer_path: str | None, trust_remote
 
 def check_load_settings(model_path: str, *, load_format: str = "auto", revision: str | None = None,
                         tokenizer_path: str | None = None, context_length: int | None = None,
-                        trust_remote_code: bool = False, skip_tokenizer_init: bool = False) -> None:
+                        trust_remote_code: bool = False, skip_tokenizer_init: bool = False,
+                        tp_size: int = 1, ep_size: int = 1) -> None:
     """The loader's setting checks without its weights: the source resolves, its config reads,
-    the context length fits, the tokenizer loads. Raises ModelSourceError."""
+    the context length fits, the tensor/expert-parallel split divides the model, the tokenizer
+    loads. Raises ModelSourceError, or ConfigError for a split that does not divide."""
+    from infer.core.model.layers.shard import check_model_split
+
     source = resolve_source(model_path, load_format, revision)
     config = read_config(source, trust_remote_code)
     context_length_for(config, context_length)
+    check_model_split(config, tp_size, ep_size)
     if tokenizer_path and not skip_tokenizer_init:
         load_tokenizer(source, tokenizer_path, trust_remote_code, revision, config.vocab_size)
 
