@@ -211,8 +211,9 @@ def test_rope_bf16_in_place_on_qkv_views(rotary_dim):
     assert torch.equal(qkv[:, 96:], before_v)  # v untouched
 
 
-def test_silu_mul_bf16():
-    x = (torch.randn(16, 2 * 45, generator=_gen(6)) * 4).bfloat16()
+@pytest.mark.parametrize("t,i", [(16, 45), (100, 768)])  # the second is split across threads
+def test_silu_mul_bf16(t, i):
+    x = (torch.randn(t, 2 * i, generator=_gen(6)) * 4).bfloat16()
     _assert_bf16_match(kb.silu_mul(x), silu_and_mul_ref(x))
 
 

@@ -233,7 +233,7 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor | None:
         from infer_cpu import kernels
 
         return kernels.silu_mul(x)
-    lib = load()
+    lib = lib_for_call()
     if lib is None or x.dtype != _BF or not _rows(x) or x.shape[1] % 2:
         return None
     t, i = x.shape[0], x.shape[1] // 2

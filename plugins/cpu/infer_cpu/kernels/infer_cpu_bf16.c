@@ -325,6 +325,7 @@ void infer_bf16_rope(const int64_t *pos, bf16 *q, int64_t q_stride, int H, bf16 
 /* out [T, I] = silu(x[:, :I]) * x[:, I:] for bf16 x (row stride x_stride): silu rounded to bf16,
  * then the product rounded (F.silu and the multiply of the reference). */
 void infer_bf16_silu_mul(const bf16 *x, int64_t x_stride, bf16 *out, int T, int I) {
+#pragma omp parallel for num_threads(g_threads) schedule(static) if ((int64_t)T * I >= 65536)
   for (int t = 0; t < T; t++) {
     const bf16 *g = x + (int64_t)t * x_stride;
     for (int i = 0; i < I; i++) {
