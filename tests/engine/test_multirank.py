@@ -185,3 +185,15 @@ def test_moe_tp2_ep2_gives_the_tokens_of_one_rank(tmp_path, cpu, arch):
     finally:
         core.shutdown()
     assert got == want
+
+
+def test_serve_refuses_a_split_the_model_cannot_take(tiny_model):
+    """Expert parallelism on a model without experts: exit 2 with the values, before any weight
+    loads (the engine process never starts)."""
+    import shutil
+
+    out = subprocess.run([shutil.which("infer") or "infer", "serve", "--model-path", str(tiny_model[0]),
+                          "--device", "cpu", "--tp-size", "2", "--ep-size", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "--ep-size 2" in out.stderr and "Traceback" not in out.stderr
