@@ -1,6 +1,6 @@
 """ModelContext: the platform implementations one model is built with, resolved once.
 
-Built from keyword settings (or a ServerArgs with the same field names) plus the active
+Built from keyword settings (the loader passes its LoadConfig view's) plus the active
 ``Platform`` and the ``PluginHost``:
 
 - ``attention_factory``: ``host.registries.attention[attention_backend]`` for this platform
@@ -116,22 +116,6 @@ class ModelContext:
                    tp_size=tp_size, tp_rank=tp_rank, ep_size=ep_size, deterministic=deterministic,
                    ops=LayerOps.with_kernels({name: Registries.pick(reg.layer_ops, name, platform.name)
                                               for name in OPS}))
-
-    @classmethod
-    def from_server_args(cls, args: Any, *, platform: Platform, host: PluginHost,
-                         dtype: torch.dtype, load_format: str = "auto",
-                         dtype_explicit: bool = False, tp_rank: int = 0,
-                         comm_group: Any = None) -> ModelContext:
-        """Same as ``build`` reading SGLang-named fields off a ServerArgs-like object (the rank
-        and its group come from the executor that started it)."""
-        return cls.build(platform=platform, host=host, dtype=dtype,
-                         attention_backend=getattr(args, "attention_backend", None),
-                         moe_runner_backend=getattr(args, "moe_runner_backend", "auto"),
-                         quantization=getattr(args, "quantization", None),
-                         load_format=load_format, dtype_explicit=dtype_explicit,
-                         tp_size=getattr(args, "tp_size", 1) or 1,
-                         ep_size=getattr(args, "ep_size", 1) or 1, tp_rank=tp_rank,
-                         comm_group=comm_group)
 
     def create_attention_backend(self, config: AttentionConfig) -> AttentionBackend:
         """Create the model's one attention backend (stored as ``attn_backend``)."""
