@@ -81,7 +81,10 @@ def register_moe_runners(register):  # noqa: ANN001, ANN201
 def register_communicators(register):  # noqa: ANN001, ANN201
     """Contribute collective-communication implementations.
 
-    ``register(name, factory, platforms)``: ``factory(world_size, rank) -> Communicator``.
+    ``register(name, factory, platforms)``: ``factory(world_size, rank, group=None) ->
+    Communicator`` over the ``world_size`` ranks of a tensor-parallel group (``group``: a
+    torch.distributed group, None for the default group that the multi-rank executor initialises
+    with ``platform.dist_backend``). The name is the platform's ``dist_backend``.
     """
 
 
