@@ -42,3 +42,59 @@ def test_fgemm_rows_do_not_depend_on_the_batch(qtype):
     # a row placed anywhere in a batch (other rows, other tile position) keeps its bits
     perm = torch.randperm(131, generator=torch.Generator().manual_seed(0))
     assert torch.equal(kernels.fgemm(x[perm], qw, bias), alone[perm])
+
+
+def _meta(steps: list[tuple[int, int, list[int]]], page: int):
+    """Metadata of one step: per sequence (prefix, extend, page list)."""
+    from infer.core.ops.attention import AttentionMetadata
+
+    width = max(len(p) for _, _, p in steps)
+    slots = [pages[pos // page] * page + pos % page for pre, ext, pages in steps
+             for pos in range(pre, pre + ext)]
+    ext = [e for _, e, _ in steps]
+    seq = [p + e for p, e, _ in steps]
+    return AttentionMetadata(
+        num_seqs=len(steps), num_tokens=sum(ext), page_size=page,
+        query_start_loc=torch.tensor([0, *ext]).cumsum(0).to(torch.int32),
+        seq_lens=torch.tensor(seq, dtype=torch.int32),
+        prefix_lens=torch.tensor([p for p, _, _ in steps], dtype=torch.int32),
+        block_tables=torch.tensor([p + [0] * (width - len(p)) for _, _, p in steps],
+                                  dtype=torch.int32),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64), seq_lens_cpu=seq, extend_lens_cpu=ext,
+        max_seq_len=max(seq), max_extend_len=max(ext))
+
+
+def test_attention_rows_do_not_depend_on_the_split():
+    """One 40-token sequence's query rows as one prefill, as a prefill of 25 then an extend of 15
+    (beside another sequence), and as a prefill of 30 then ten decode steps (beside another
+    decode row): the same bits for every row."""
+    from infer.core.ops.attention import AttentionConfig
+    from infer_cpu.ops.attention import TorchNativeAttention
+
+    h, hkv, d, page, n = 6, 2, 64, 4, 40
+    cfg = AttentionConfig(num_heads=h, num_kv_heads=hkv, head_dim=d, scale=d ** -0.5,
+                          page_size=page, dtype=torch.float32, kv_dtype=torch.float32,
+                          device=torch.device("cpu"), num_layers=1)
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(n, x, d, generator=g) for x in (h, hkv, hkv))
+    other_q, other_k, other_v = (torch.randn(20, x, d, generator=g) for x in (h, hkv, hkv))
+    mine, theirs = [3, 9, 1, 7, 12, 4, 10, 2, 11, 5], [6, 8, 13, 14, 15]
+
+    def run(splits: list[tuple[int, int]]) -> torch.Tensor:
+        attn = TorchNativeAttention(cfg)
+        kc, vc = torch.zeros(16, page, hkv, d), torch.zeros(16, page, hkv, d)
+        outs, o_pos = [], 0
+        for pre, ext in splits:  # the other sequence adds one token per step beside ours
+            meta = _meta([(pre, ext, mine), (o_pos, 1, theirs)], page)
+            attn.plan(meta)
+            sl = slice(pre, pre + ext)
+            out = attn.forward(torch.cat([q[sl], other_q[o_pos:o_pos + 1]]),
+                               torch.cat([k[sl], other_k[o_pos:o_pos + 1]]),
+                               torch.cat([v[sl], other_v[o_pos:o_pos + 1]]), kc, vc, 0)
+            outs.append(out[:ext])
+            o_pos += 1
+        return torch.cat(outs)
+
+    whole = run([(0, n)])
+    assert torch.equal(run([(0, 25), (25, 15)]), whole)
+    assert torch.equal(run([(0, 30)] + [(p, 1) for p in range(30, 40)]), whole)
