@@ -11,8 +11,11 @@
  *     a float16 scale d and minimum m, codes q in 0..15 (w = d * q + m; Q4_0 is m = -8 d);
  *     byte j of the 16 code bytes holds weight j in its low nibble and weight j + 16 in its high.
  *   - q8 weights (GGUF Q8_0 blocks, read in place): a float16 scale d, codes int8 (w = d * q).
- *   The activations are quantized per 32-block to int8 with one scale (as llama.cpp's Q8 dot
- *   products do), and each block's dot product is an integer dot product.
+ *   infer_fgemm (what the plugin serves with): float32 activations against the blocks dequantized
+ *   exactly, batch invariant (each output one FMA chain in a fixed order, whatever the number of
+ *   rows). infer_qgemm (kept for measurements, unused by serving): the activations quantized per
+ *   32-block to int8 with one scale (as llama.cpp's Q8 dot products do), each block an integer
+ *   dot product; faster, further from the float32 reference (benchmarks/cpu_notes.md).
  */
 #include <math.h>
 #include <sched.h>
