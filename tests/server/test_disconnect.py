@@ -1,8 +1,8 @@
 """Clients that leave mid-stream: their requests end in the engine at once, nobody else notices.
 
 One server of its own, so that its log holds only this test's lines: 64 concurrent streams of
-which 16 hang up after two chunks. The 48 others must give the text they give alone (greedy), the
-16 cut requests must stop generating (their token budget is large and ignores EOS, so a missed
+which 16 hang up after two chunks. The 48 others must give the tokens they give alone (greedy;
+where a batch's arithmetic differs from one row's, see ``_same_or_tie``), the 16 cut requests must stop generating (their token budget is large and ignores EOS, so a missed
 abort shows as hundreds of extra tokens), no traceback may be logged, the page pool must return to
 its starting free count, and a SIGTERM afterwards must shut down cleanly.
 """
@@ -30,44 +30,62 @@ def srv(start_server):
 def _body(i: int, stream: bool) -> dict:
     cut = i < N_CUT
     return {"prompt": f"stream {i} says", "temperature": 0, "stream": stream, "ignore_eos": True,
-            "max_tokens": CUT_BUDGET if cut else KEPT_TOKENS}
+            "max_tokens": CUT_BUDGET if cut else KEPT_TOKENS, "logprobs": 2}
 
 
-async def _one(c: httpx.AsyncClient, i: int) -> str | None:
-    text, chunks = [], 0
+async def _one(c: httpx.AsyncClient, i: int) -> list[str] | None:
+    tokens, chunks = [], 0
     async with c.stream("POST", "/v1/completions", json=_body(i, True)) as r:
         assert r.status_code == 200
         async for line in r.aiter_lines():
             if not line.startswith("data:") or line == "data: [DONE]":
                 continue
             chunks += 1
-            text.append(json.loads(line[5:])["choices"][0]["text"])
+            tokens += json.loads(line[5:])["choices"][0]["logprobs"]["tokens"]
             if i < N_CUT and chunks == 2:
                 return None  # leaving the block closes the connection mid-stream
-    return "".join(text)
+    return tokens
+
+
+def _same_or_tie(alone: dict, got: list[str]) -> bool:
+    """``got`` equals the tokens alone, or first leaves them where the two best candidates alone
+    were tied within rounding (a batch sums in another order than one row does, and the KV cache
+    holds float16: the greedy pick may flip there, and only there; issue 13 item 1 is about that).
+    Logprobs here step by 1/128, so "tied" is a gap of at most two steps."""
+    want = alone["tokens"]
+    if got == want:
+        return True
+    k = next((j for j, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), min(len(want), len(got)))
+    if k >= len(want) or k >= len(got):
+        return False
+    best = sorted(alone["top_logprobs"][k].values(), reverse=True)
+    return len(best) == 2 and best[0] - best[1] <= 2 / 128 and got[k] in alone["top_logprobs"][k]
 
 
 def test_cut_streams_abort_at_once_and_others_are_unaffected(srv):
     with httpx.Client(base_url=srv.url, timeout=120) as c:
         start = _wait_idle(c)
-        alone = {i: c.post("/v1/completions", json=_body(i, False)).json()["choices"][0]["text"]
+        alone = {i: c.post("/v1/completions", json=_body(i, False)).json()["choices"][0]["logprobs"]
                  for i in range(N_CUT, N_STREAMS)}
         before = _wait_idle(c)
 
-        async def run() -> list[str | None]:
+        async def run() -> list[list[str] | None]:
             limits = httpx.Limits(max_connections=N_STREAMS + 4)
             async with httpx.AsyncClient(base_url=srv.url, timeout=120, limits=limits) as ac:
                 return await asyncio.gather(*(_one(ac, i) for i in range(N_STREAMS)))
 
-        texts = asyncio.run(run())
+        streamed = asyncio.run(run())
         after = _wait_idle(c)
         assert c.get("/get_server_info").json()["in_flight_requests"] == 0
-        differ = [(i, alone[i], texts[i]) for i in range(N_CUT, N_STREAMS) if texts[i] != alone[i]]
-        assert not differ, f"{len(differ)} streams differ from their text alone, first: {differ[0]}"
+        assert all(t is None for t in streamed[:N_CUT])
+        differ = [(i, alone[i]["tokens"], streamed[i]) for i in range(N_CUT, N_STREAMS)
+                  if not _same_or_tie(alone[i], streamed[i])]
+        assert not differ, f"{len(differ)} streams differ from their tokens alone, first: {differ[0]}"
         generated = after["generated_tokens"] - before["generated_tokens"]
         by_cut = generated - (N_STREAMS - N_CUT) * KEPT_TOKENS
         # an abort that reaches the engine within a step leaves each cut stream a few tokens past
         # its second chunk; one that never arrives lets all 16 run their 480
+        print(f"\n{N_CUT} cut streams generated {by_cut} tokens in all (budget {N_CUT * CUT_BUDGET})")
         assert by_cut < N_CUT * CUT_BUDGET // 4, f"cut streams generated {by_cut} tokens"
         assert after["pages_free"] + after["pages_cached"] == after["pages_total"]
         assert c.post("/flush_cache").status_code == 200
