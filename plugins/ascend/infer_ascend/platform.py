@@ -72,6 +72,17 @@ class AscendPlatform(Platform):
     def synchronize(self) -> None:
         npu().synchronize()
 
+    def bind_local_rank(self, local_rank: int, local_world_size: int) -> None:
+        """One NPU per rank: rank i of this host uses device i (before HCCL forms its group)."""
+        n = npu()
+        if local_rank >= n.device_count():
+            raise RuntimeError(f"rank {local_rank} of {local_world_size} on this host needs NPU "
+                               f"{local_rank}, but torch.npu sees {n.device_count()}")
+        n.set_device(local_rank)
+
+    def ray_resources(self) -> dict[str, float]:
+        return {"CPU": 1, "NPU": 1}
+
     def _staging(self, t: Any) -> Any:
         return t.pin_memory() if self.pin_host_memory else t
 

@@ -1,4 +1,5 @@
-"""One rank of the expert-parallel test (test_moe_ep.py): gloo stands in for HCCL."""
+"""One rank of the multi-rank tests (test_parallel.py): the torch.distributed group is formed
+with the platform's backend, "hccl" (on this machine the emulation's, carried by gloo)."""
 
 from __future__ import annotations
 
@@ -6,41 +7,45 @@ import os
 import sys
 from pathlib import Path
 
+HERE = Path(__file__).resolve().parent
 
-def run(rank: int, world: int, port: int, out_dir: str, emulated: bool) -> None:
+
+def _platform(emulated: bool):  # noqa: ANN202
     if emulated:
-        sys.path.insert(0, str(Path(__file__).resolve().parent / "npu_emulation"))
+        sys.path.insert(0, str(HERE / "npu_emulation"))
         import ascend_emulation
 
-        ascend_emulation.install("A2")
+        ascend_emulation.install("A3")
+        return ascend_emulation.emulated_platform("A3")
+    from infer.core.plugins import get_plugin_host
+
+    return get_plugin_host().select("ascend")
+
+
+def run(rank: int, world: int, port: int, out_dir: str, emulated: bool, cases: list[dict]) -> None:
+    """For each case {name, path, tp, ep, work}: load this rank's shard on the Ascend platform
+    and run the batches ``work`` (lists of (seq, tokens)) through the paged driver."""
+    platform = _platform(emulated)
     import torch
     import torch.distributed as dist
-    from infer_ascend.ops.comm import HcclCommunicator
-    from infer_ascend.ops.moe import AscendMoERunner
+    from infer.core.model.loader import load_model
+    from infer.core.plugins import get_plugin_host
 
-    if not emulated:
-        import torch_npu  # noqa: F401 (registers torch.npu)
+    sys.path.insert(0, str(HERE))
+    from paged_driver import PAGE, Pages
 
-        torch.npu.set_device(rank)
+    platform.bind_local_rank(rank, world)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    backend = "gloo" if emulated else "hccl"
-    dist.init_process_group(backend, rank=rank, world_size=world)
-    device = torch.device("cpu" if emulated else f"npu:{rank}")
-    torch.manual_seed(0)  # every rank builds the same tokens, routing and experts
-    t, d, inter, e, k = 9, 32, 16, 8, 2
-    x = torch.randn(t, d).half().to(device)
-    w13 = (torch.randn(e, 2 * inter, d) / d ** 0.5).half().to(device)
-    w2 = (torch.randn(e, d, inter) / inter ** 0.5).half().to(device)
-    weights, ids = torch.topk(torch.softmax(torch.randn(t, e), -1), k, -1)
-    weights, ids = weights.to(device), ids.to(device)
-    local = e // world
-    comm = HcclCommunicator(world, rank)
-    ep = AscendMoERunner(ep_size=world, ep_rank=rank, comm=comm)
-    out = ep.apply(x, w13[rank * local:(rank + 1) * local], w2[rank * local:(rank + 1) * local],
-                   weights, ids)
-    one = AscendMoERunner().apply(x, w13, w2, weights, ids)  # the one-rank result
-    gathered = comm.all_gather(torch.full((2, 3), float(rank), device=device), dim=0)
-    cols = comm.all_gather(torch.full((2, 1), float(rank), device=device), dim=-1)
-    torch.save({"ep": out.cpu(), "one": one.cpu(), "gathered": gathered.cpu(), "cols": cols.cpu()},
-               Path(out_dir) / f"rank{rank}.pt")
+    dist.init_process_group(platform.dist_backend, rank=rank, world_size=world)
+    out = {}
+    for c in cases:
+        loaded = load_model(c["path"], platform=platform, host=get_plugin_host(), dtype="float16",
+                            page_size=PAGE, skip_tokenizer_init=True, progress=False,
+                            tp_size=c["tp"], tp_rank=rank, ep_size=c["ep"])
+        pages = Pages(loaded, torch.device(platform.torch_device))
+        out[c["name"]] = [torch.cat(pages.step(batch)) for batch in c["work"]]
+    gathered = loaded.ctx.comm.all_gather(torch.full((2, 1), float(rank),
+                                                     device=platform.torch_device), dim=-1)
+    out["_all_gather"] = gathered.cpu()
+    torch.save(out, Path(out_dir) / f"rank{rank}.pt")
     dist.destroy_process_group()

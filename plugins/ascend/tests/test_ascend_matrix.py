@@ -98,7 +98,8 @@ def test_page_listed_options_are_keyed_by_value(matrix):
         e = matrix.lookup("A2", flag, value)
         assert e.value == value and e.status is status, (flag, value)
     # A3-only on the page: moe-runner-backend auto, CUDA-graph sizes.
-    for flag, value in [("--moe-runner-backend", "auto"), ("--cuda-graph-max-bs", None)]:
+    for flag, value in [("--moe-runner-backend", "auto"), ("--cuda-graph-max-bs", None),
+                        ("--expert-parallel-size", None)]:
         assert matrix.lookup("A2", flag, value).status is Status.UNSUPPORTED
         assert matrix.lookup("A3", flag, value).status is Status.EXPERIMENTAL
     # Values that need CUDA hardware are unsupported, with the reason.
@@ -145,3 +146,4 @@ def test_what_is_not_implemented_says_so(matrix):
     assert e.status is Status.NOT_IMPLEMENTED and "w8a8_int8" in e.instead
     assert matrix.lookup("A2", "--dtype", "float32").status is Status.NOT_IMPLEMENTED
     assert matrix.lookup("A2", "--quantization", "w8a8_int8").status is Status.EXPERIMENTAL
+    assert matrix.lookup("A2", "--tensor-parallel-size").status is Status.EXPERIMENTAL

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 from infer.core.model.loader import load_model
-from infer.core.ops.attention import AttentionMetadata, KVCache
+
+from .paged_driver import PAGE, Pages
 
 ROOT = Path(__file__).resolve().parents[3]
 _spec = importlib.util.spec_from_file_location("hf_tiny", ROOT / "tests" / "model" / "hf_tiny.py")
@@ -19,70 +20,11 @@ hf_tiny = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(hf_tiny)
 
 ARCHS = ["llama", "llama_tied", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe"]
-PAGE = 128
 TOL = 2e-2  # float16 activations against float32 transformers, relative to the largest logit
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
-
-
-class Pages:
-    """Per-sequence page lists over one KV cache; ``step`` runs a batch of (seq, tokens)."""
-
-    def __init__(self, loaded, device, num_pages: int = 8) -> None:
-        a = loaded.arch
-        shape = (num_pages, PAGE, a.num_kv_heads, a.head_dim)
-        self.loaded, self.device = loaded, device
-        self.kv = KVCache(k=[torch.zeros(shape, dtype=a.kv_dtype, device=device)
-                             for _ in range(a.num_layers)],
-                          v=[torch.zeros(shape, dtype=a.kv_dtype, device=device)
-                             for _ in range(a.num_layers)])
-        self.free = list(range(num_pages - 1, 0, -1))  # page 0: scratch
-        self.pages: dict[str, list[int]] = {}
-        self.lens: dict[str, int] = {}
-
-    def share_prefix(self, src: str, dst: str, n_pages: int) -> None:
-        self.pages[dst] = list(self.pages[src][:n_pages])
-        self.lens[dst] = n_pages * PAGE
-
-    def step(self, work: list[tuple[str, list[int]]]) -> list[torch.Tensor]:
-        from infer.core.ops.forward_batch import ForwardBatch
-
-        ids, pos, slots, seq_lens, ext, tables = [], [], [], [], [], []
-        for sid, toks in work:
-            start = self.lens.get(sid, 0)
-            pages = self.pages.setdefault(sid, [])
-            while len(pages) * PAGE < start + len(toks):
-                pages.append(self.free.pop())
-            pos += range(start, start + len(toks))
-            slots += [pages[p // PAGE] * PAGE + p % PAGE for p in range(start, start + len(toks))]
-            ids += toks
-            seq_lens.append(start + len(toks))
-            ext.append(len(toks))
-            tables.append(list(pages))
-            self.lens[sid] = start + len(toks)
-        width = max(len(t) for t in tables)
-        qsl = [0]
-        for e in ext:
-            qsl.append(qsl[-1] + e)
-        i32 = dict(dtype=torch.int32, device=self.device)
-        meta = AttentionMetadata(
-            num_seqs=len(work), num_tokens=len(ids), page_size=PAGE,
-            query_start_loc=torch.tensor(qsl, **i32), seq_lens=torch.tensor(seq_lens, **i32),
-            prefix_lens=torch.tensor([s - e for s, e in zip(seq_lens, ext, strict=True)], **i32),
-            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], **i32),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=self.device),
-            seq_lens_cpu=seq_lens, extend_lens_cpu=ext, max_seq_len=max(seq_lens),
-            max_extend_len=max(ext))
-        i64 = dict(dtype=torch.int64, device=self.device)
-        fwd = ForwardBatch(input_ids=torch.tensor(ids, **i64), positions=torch.tensor(pos, **i64),
-                           attn=meta, logits_indices=torch.arange(len(ids), **i64),
-                           kv_cache=self.kv)
-        self.loaded.ctx.attn_backend.plan(meta)
-        with torch.inference_mode():
-            logits = self.loaded.model(fwd).cpu()
-        return list(logits.split(ext))
 
 
 @pytest.fixture(scope="module", params=ARCHS)

@@ -4,8 +4,9 @@
 * With a torch_npu importable but no CANN toolkit, ``infer doctor`` says to install CANN.
 * With the emulation switched on for the server's processes (its folder on PYTHONPATH and
   INFER_TEST_NPU_EMULATION=A3, read only by the tests' sitecustomize.py), the default model is
-  served on the emulated A3 chip (attention, layer ops, linear layers and ACL-graph decode all
-  through the plugin) and answers the official openai client.
+  served on emulated A3 chips (attention, layer ops, linear layers and ACL-graph decode all
+  through the plugin; one rank, and three tensor-parallel ranks) and answers the official openai
+  client.
 """
 
 from __future__ import annotations
@@ -63,7 +64,10 @@ def _port() -> int:
 
 
 @pytest.mark.slow
-def test_serve_default_model_on_emulated_a3_answers_openai_client(tmp_path):
+@pytest.mark.parametrize("tp", ["1", "3"])
+def test_serve_default_model_on_emulated_a3_answers_openai_client(tmp_path, tp):
+    """tp 3: three ranks (SmolLM2's 9 heads / 3 KV heads split), the core's executor forming
+    the "hccl" group, all-reduces inside the captured decode graphs."""
     from infer.core.model.loader.default_model import cached_path
 
     if not HARDWARE and not cached_path().exists():
@@ -73,7 +77,8 @@ def test_serve_default_model_on_emulated_a3_answers_openai_client(tmp_path):
     env = _env() if HARDWARE else _env(PYTHONPATH=str(EMULATION), INFER_TEST_NPU_EMULATION="A3")
     log = tmp_path / "server.log"
     cmd = [INFER, "serve", "--device", "ascend", "--model-path", "smollm2", "--dtype", "float16",
-           "--max-total-tokens", "2048", "--cuda-graph-max-bs", "2", "--host", "127.0.0.1",
+           "--max-total-tokens", "2048", "--cuda-graph-max-bs", "2", "--tp-size", tp,
+           "--host", "127.0.0.1",
            "--port", str(port)]
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)

@@ -14,11 +14,9 @@ One step, T tokens routed to k experts each (topk_ids [T, k], weights [T, k]):
   4. ``npu_moe_finalize_routing`` (drop_pad_mode 2: the index is row-major, t*k + j): the
      weighted sum of each token's k rows.
 
-Expert parallelism (``ep_size`` > 1, every rank holding the same tokens and experts
-[rank*E/ep, (rank+1)*E/ep)): routing keeps only the pairs of local experts
-(active_expert_range), the grouped matmuls run over the local weights, the local pairs are
-summed with their weights (pairs of other ranks' experts weigh 0), and the communicator's
-all-reduce adds the ranks' partial sums.
+Expert parallelism is the core's MoE layer's (core/model/layers/moe.py): with ep > 1 it hands
+this runner the assignments routed to this rank's experts (local ids, k = 1) and all-reduces the
+partial outputs through the platform's communicator (HCCL here).
 """
 
 from __future__ import annotations
@@ -40,22 +38,16 @@ def kn_layout(w: torch.Tensor) -> torch.Tensor:
 class AscendMoERunner(MoERunner):
     name = "ascend"
 
-    def __init__(self, ep_size: int = 1, ep_rank: int = 0, comm: object = None) -> None:
-        if ep_size > 1 and comm is None:
-            raise ValueError("expert parallelism needs a communicator to combine the ranks")
-        self.ep_size, self.ep_rank, self.comm = ep_size, ep_rank, comm
-
     def apply(self, hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
               topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        """hidden [T, D]; w13/w2 hold this rank's experts (all of them when ep_size is 1)."""
+        """hidden [T, D]; topk ids index the experts of w13 [E, 2I, D] / w2 [E, D, I]."""
         t, k = topk_ids.shape
-        local = w13.shape[0]
-        lo = self.ep_rank * local
+        experts = w13.shape[0]
         ids = topk_ids.to(torch.int32)
         xs, row_idx, counts, _ = torch_npu.npu_moe_init_routing_v2(
-            hidden, ids, active_num=t * k, expert_num=local * self.ep_size,
-            expert_tokens_num_type=1, expert_tokens_num_flag=True,
-            active_expert_range=[lo, lo + local], quant_mode=-1, row_idx_type=0)
+            hidden, ids, active_num=t * k, expert_num=experts, expert_tokens_num_type=1,
+            expert_tokens_num_flag=True, active_expert_range=[0, experts], quant_mode=-1,
+            row_idx_type=0)
         gate_up = torch_npu.npu_grouped_matmul(
             [xs], [kn_layout(w13)], group_list=counts, split_item=2, group_type=0,
             group_list_type=1)[0]  # [T*k, 2I]
@@ -63,21 +55,5 @@ class AscendMoERunner(MoERunner):
         down = torch_npu.npu_grouped_matmul(
             [act], [kn_layout(w2)], group_list=counts, split_item=2, group_type=0,
             group_list_type=1)[0]  # [T*k, D]
-        if self.ep_size == 1:
-            return torch_npu.npu_moe_finalize_routing(
-                down, None, None, None, topk_weights.to(down.dtype), row_idx, ids,
-                drop_pad_mode=2)
-        return self.comm.all_reduce(self._local_sum(down, row_idx, topk_weights, ids, lo, local))
-
-    @staticmethod
-    def _local_sum(down: torch.Tensor, row_idx: torch.Tensor, weights: torch.Tensor,
-                   ids: torch.Tensor, lo: int, local: int) -> torch.Tensor:
-        """sum_j w[t, j] * down[row of (t, j)] over the pairs whose expert is on this rank; the
-        other pairs have no row (index -1) and contribute exactly 0."""
-        t, k = ids.shape
-        mine = (ids >= lo) & (ids < lo + local)  # [T, k]
-        rows = row_idx.view(t, k).long().clamp_min(0)
-        picked = down.index_select(0, rows.view(-1)).view(t, k, -1).float()
-        picked = torch.where(mine[..., None], picked, torch.zeros((), dtype=picked.dtype,
-                                                                  device=picked.device))
-        return (picked * weights.float()[..., None]).sum(1).to(down.dtype)
+        return torch_npu.npu_moe_finalize_routing(
+            down, None, None, None, topk_weights.to(down.dtype), row_idx, ids, drop_pad_mode=2)

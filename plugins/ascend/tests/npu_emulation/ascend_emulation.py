@@ -25,6 +25,7 @@ def install(generation: str = "A2") -> object:
     if not getattr(torch_npu, "EMULATED", False):
         raise RuntimeError(f"a real torch_npu ({torch_npu.__file__}) shadows the emulation")
     torch_npu.npu.DEVICE["name"] = f"Ascend{CHIPS[generation]}"
+    _register_hccl()
     from infer_ascend.platform import AscendPlatform
 
     _saved.setdefault("torch_device", AscendPlatform.torch_device)
@@ -34,22 +35,41 @@ def install(generation: str = "A2") -> object:
     return torch_npu
 
 
+def _register_hccl() -> None:
+    """The "hccl" torch.distributed backend, as importing torch_npu registers it; here gloo
+    carries it (host tensors), so multi-rank code that names the platform's backend runs."""
+    import torch.distributed as dist
+
+    if "hccl" in dist.Backend.backend_list:
+        return
+
+    def gloo(store, rank, size, timeout):  # noqa: ANN001, ANN202
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+    dist.Backend.register_backend("hccl", gloo, devices=["cpu"])
+
+
 def patch_probe(generation: str = "A2") -> None:
     from infer_ascend import probe
 
     _saved.setdefault("probe", (probe.device_nodes, probe._npu_smi_chips, probe.cann_toolkit))
     probe.device_nodes = lambda dev=None: [Path("/dev/davinci0")]
-    probe._npu_smi_chips = lambda: ([CHIPS[generation]], "")
+    import torch_npu
+
+    chips = [CHIPS[generation]] * int(torch_npu.npu.DEVICE["count"])
+    probe._npu_smi_chips = lambda: (chips, "")
     probe.cann_toolkit = lambda env=None, default=None: HERE
 
 
 def emulated_platform(generation: str = "A2") -> object:
-    """An AscendPlatform for one emulated chip of ``generation``, its matrix bound."""
+    """An AscendPlatform for the emulated chips of ``generation``, its matrix bound."""
+    import torch_npu
     from infer.core.plugins import get_plugin_host
     from infer_ascend.platform import create_platform
     from infer_ascend.probe import probe_from
 
-    platform = create_platform(probe_from(True, [Path("/dev/davinci0")], [CHIPS[generation]]))
+    chips = [CHIPS[generation]] * int(torch_npu.npu.DEVICE["count"])
+    platform = create_platform(probe_from(True, [Path("/dev/davinci0")], chips))
     platform.bind_matrix(get_plugin_host().matrix)
     return platform
 

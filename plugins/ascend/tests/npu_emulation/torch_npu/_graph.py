@@ -12,6 +12,8 @@ Facts emulated:
     attention's sequence-length lists) are changed only through ``update``: one dict per such op
     record, in capture order ({} leaves a record as it was).
   * Reading a device value on the host (``.item()``, ``.tolist()``) during capture is an error.
+  * Collectives captured in the graph (HCCL all-reduce of tensor parallelism) run in stream
+    order at replay.
 """
 
 from __future__ import annotations
@@ -57,6 +59,17 @@ def recorded(updatable: tuple[str, ...] = ()) -> Callable:
     return wrap
 
 
+def _wait_collectives(new: Any) -> None:
+    """A collective (c10d.allreduce_, ...) returns a Work handle that eager code waits on right
+    after the call; on the device a captured collective is ordered on the stream, so the replay
+    waits before the next op reads its result."""
+    if isinstance(new, (tuple, list)):
+        for item in new:
+            _wait_collectives(item)
+    elif not isinstance(new, torch.Tensor) and callable(getattr(new, "wait", None)):
+        new.wait()
+
+
 def _copy_into(old: Any, new: Any) -> None:
     if isinstance(old, torch.Tensor):
         if old is not new and old.data_ptr() != new.data_ptr():
@@ -78,7 +91,9 @@ class NPUGraph:
             raise RuntimeError("replay() of a graph that was never captured")
         with torch.inference_mode():  # a replay records no autograd history
             for _kind, fn, args, kwargs, out, _ in self._records:
-                _copy_into(out, fn(*args, **kwargs))
+                new = fn(*args, **kwargs)
+                _wait_collectives(new)
+                _copy_into(out, new)
 
     def update(self, cpu_update_input: list[dict[str, Any]]) -> None:
         if not self._dispatch_capture:

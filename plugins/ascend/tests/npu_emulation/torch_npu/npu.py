@@ -18,7 +18,7 @@ from ._graph import NPUGraph, graph, graph_pool_handle
 __all__ = ["NPUGraph", "graph", "graph_pool_handle"]
 
 # set by the test's install(): what this emulated machine reports
-DEVICE = {"name": "Ascend910B3", "count": 1, "total": 64 << 30, "free": 60 << 30}
+DEVICE = {"name": "Ascend910B3", "count": 4, "total": 64 << 30, "free": 60 << 30}
 _current = [0]
 
 
