@@ -204,13 +204,6 @@ def test_quant_matmul_layout_and_bias_order(tnpu):
     torch.testing.assert_close((of - base)[:, 0].float(), torch.full((2,), 1.0))
 
 
-def test_quantize_div_mode(tnpu):
-    x = torch.tensor([1.0, -3.0, 300.0])
-    s = torch.tensor(0.5)
-    assert tnpu.npu_quantize(x, s, None, torch.qint8, -1, True).tolist() == [2, -6, 127]
-    assert tnpu.npu_quantize(x, s, None, torch.qint8, -1, False).tolist() == [0, -2, 127]
-
-
 def test_weight_quant_batchmatmul(tnpu):
     x = torch.randn(2, 3, dtype=torch.float16)
     w = torch.randint(-100, 100, (3, 4), dtype=torch.int8)  # [K, N]

@@ -26,21 +26,6 @@ def npu_dynamic_quant(x: torch.Tensor, smooth_scales: torch.Tensor | None = None
 
 
 @recorded()
-def npu_quantize(input: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
-                 dtype: torch.dtype, axis: int = 1, div_mode: bool = True) -> torch.Tensor:
-    """Static quantization: div_mode True: round(x / scales + zero_points); False:
-    round(x * scales + zero_points); saturated to int8. ``dtype`` torch.qint8 gives int8.
-    Document: hiascend.com "torch_npu.npu_quantize" (op-plugin docs/context/torch_npu-npu_quantize.md)."""
-    need(dtype == torch.qint8, "only dtype=torch.qint8 is emulated")
-    xf = input.float()
-    s = scales.float()
-    y = xf / s if div_mode else xf * s
-    if zero_points is not None:
-        y = y + zero_points.float()
-    return torch.round(y).clamp(-128, 127).to(torch.int8)
-
-
-@recorded()
 def npu_quant_matmul(x1: torch.Tensor, x2: torch.Tensor, scale: torch.Tensor, *,
                      offset: torch.Tensor | None = None, pertoken_scale: torch.Tensor | None = None,
                      bias: torch.Tensor | None = None, output_dtype: torch.dtype | None = None
