@@ -132,11 +132,13 @@ def main() -> None:
     rows: dict[str, list[dict]] = {"infer": [], "transformers-bf16": [], "llama.cpp": []}
     serving: dict[str, dict] = {}
     quality: dict[str, list[dict]] = {}
+    kept_machine = None
     prev = args.out / "summary.json"
     if args.merge and prev.exists():  # add rounds to an earlier run of the same settings
         old = json.loads(prev.read_text())
         rows, serving, log = old["rows"], old["serving"], old["log"]
         quality = old.get("quality", {})
+        kept_machine = old.get("machine")  # the machine line describes the speed rows' run
     if not args.skip_quality:
         quality = run_quality(args, have_llama, log)
     if args.quality_only:
@@ -169,7 +171,7 @@ def main() -> None:
                           str(args.out / "serving_transformers.json")], log, 3600)
             serving["transformers-bf16 (one at a time)"] = r[0] if r else {}
     summary = {"rows": rows, "serving": serving, "quality": quality, "log": log,
-               "machine": machine(), "args": vars(args)}
+               "machine": kept_machine or machine(), "args": vars(args)}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     write_results(summary, args)
 
