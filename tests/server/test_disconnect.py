@@ -12,9 +12,13 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+from types import SimpleNamespace
 
 import httpx
 import pytest
+from infer.server import ipc
+from infer.server.app import build_app
+from infer.server.serving import ServerState
 from server_proc import engine_stats as _engine
 from server_proc import wait_engine_idle as _wait_idle
 
@@ -94,3 +98,65 @@ def test_cut_streams_abort_at_once_and_others_are_unaffected(srv):
     log = srv.output()
     for bad in ("Traceback", "ERROR", "ZMQError", "already running"):
         assert bad not in log, f"{bad!r} in the server log:\n{log[-3000:]}"
+
+
+class _SlowEngine:
+    """An EngineClient stand-in: one token every 20 ms until aborted; records how streams end."""
+
+    def __init__(self) -> None:
+        self.dead = None
+        self.ready = SimpleNamespace(generation_config={}, model_path="m", eos_token_ids=[0])
+        self.ended: dict[str, str] = {}
+
+    async def stream(self, req):
+        reason = "aborted"
+        try:
+            for k in range(req.params.max_new_tokens):
+                await asyncio.sleep(0.02)
+                yield ipc.SeqOutput(req.rid, [5], False, None, len(req.prompt_ids), k + 1, 0)
+            reason = "ran to the end"
+        finally:
+            self.ended[req.rid] = reason
+
+
+def test_disconnect_while_waiting_for_a_token_aborts_without_error(tiny_dir):
+    """In process, deterministic: the client leaves while the stream waits for the engine (the
+    case that raised 'aclose(): asynchronous generator is already running' and left the request
+    running). The stream must end as aborted at once, nothing raised, nothing left in flight."""
+    from transformers import AutoTokenizer
+
+    engine = _SlowEngine()
+    state = ServerState(args=SimpleNamespace(), client=engine, tokenizer=AutoTokenizer.from_pretrained(tiny_dir),
+                        chat_template=None, model_name="m", context_length=512)
+    app = build_app(state)
+    body = json.dumps({"prompt": "Hello", "max_tokens": 400, "stream": True}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
+             "root_path": "", "query_string": b"", "server": ("test", 80), "client": ("test", 1),
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+
+    async def run() -> list[dict]:
+        gone, sent, queue = asyncio.Event(), [], [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict:
+            if queue:
+                return queue.pop()
+            await gone.wait()  # every receiver (Starlette's and the route's) sees the disconnect
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+            if sum(m["type"] == "http.response.body" for m in sent) == 2:
+                gone.set()  # the client leaves after two chunks, between two tokens
+
+        await asyncio.wait_for(app(scope, receive, send), 10)
+        for _ in range(100):  # the abort is delivered by a task of its own
+            if engine.ended:
+                break
+            await asyncio.sleep(0.01)
+        return sent
+
+    sent = asyncio.run(run())
+    assert sent[0]["status"] == 200
+    assert list(engine.ended.values()) == ["aborted"]
+    assert state.in_flight == 0
