@@ -17,9 +17,10 @@ EMULATION = Path(__file__).resolve().parent / "npu_emulation"
 HARDWARE = os.environ.get("INFER_ASCEND_HARDWARE") == "1"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def npu_emulation():
-    """The emulation switched on for the session (None on real hardware)."""
+    """The emulation switched on for one test module (None on real hardware); switched off
+    after it, so that no other test of the session sees a torch_npu."""
     if HARDWARE:
         yield None
         return
@@ -32,7 +33,7 @@ def npu_emulation():
     sys.modules.pop("ascend_emulation", None)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ascend(npu_emulation):
     """The active Ascend platform: an emulated A2 chip, or the real NPU."""
     if npu_emulation is None:
@@ -42,7 +43,7 @@ def ascend(npu_emulation):
     return npu_emulation.emulated_platform("A2")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def device(ascend):
     import torch
 

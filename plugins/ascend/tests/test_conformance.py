@@ -4,7 +4,11 @@ real ops). Float16/bfloat16 and page size 128: the fused attention takes no floa
 PageAttention blocks are multiples of 128 (each op refuses what its kernel cannot take; the kit
 lists refusals). The kit's graph-runner check builds its engine with a fixed page size of 16,
 which the ascend attention backend refuses at build time, so that kind is left out here;
-tests/test_graph_runner.py checks ACL-graph replay against eager decode instead."""
+tests/test_graph_runner.py checks ACL-graph replay against eager decode instead. Under the
+emulation the communicators are checked on one rank: the kit's two-rank check forms the "hccl"
+group in fresh processes before it imports the communicator, and only the real torch_npu is
+loaded by ``import torch`` itself (device-backend autoload); tests/test_parallel.py forms the
+"hccl" group over two processes after importing torch_npu (the emulated one registers it)."""
 
 from __future__ import annotations
 
@@ -42,4 +46,5 @@ pytestmark = pytest.mark.usefixtures("npu_emulation")
 
 test_conformance = conformance_test("ascend", host=_EmulatedHost(),
                                     kinds=tuple(k for k in KINDS if k != "graph_runner"),
-                                    dtypes=(torch.float16, torch.bfloat16), page_sizes=(128,))
+                                    dtypes=(torch.float16, torch.bfloat16), page_sizes=(128,),
+                                    ranks=(1, 2) if HARDWARE else (1,))

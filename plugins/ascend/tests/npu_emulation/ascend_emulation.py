@@ -25,7 +25,6 @@ def install(generation: str = "A2") -> object:
     if not getattr(torch_npu, "EMULATED", False):
         raise RuntimeError(f"a real torch_npu ({torch_npu.__file__}) shadows the emulation")
     torch_npu.npu.DEVICE["name"] = f"Ascend{CHIPS[generation]}"
-    _register_hccl()
     from infer_ascend.platform import AscendPlatform
 
     _saved.setdefault("torch_device", AscendPlatform.torch_device)
@@ -33,20 +32,6 @@ def install(generation: str = "A2") -> object:
     AscendPlatform.torch_device = "cpu"
     AscendPlatform.pin_host_memory = False
     return torch_npu
-
-
-def _register_hccl() -> None:
-    """The "hccl" torch.distributed backend, as importing torch_npu registers it; here gloo
-    carries it (host tensors), so multi-rank code that names the platform's backend runs."""
-    import torch.distributed as dist
-
-    if "hccl" in dist.Backend.backend_list:
-        return
-
-    def gloo(store, rank, size, timeout):  # noqa: ANN001, ANN202
-        return dist.ProcessGroupGloo(store, rank, size, timeout)
-
-    dist.Backend.register_backend("hccl", gloo, devices=["cpu"])
 
 
 def patch_probe(generation: str = "A2") -> None:

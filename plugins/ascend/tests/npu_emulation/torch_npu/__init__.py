@@ -26,4 +26,21 @@ __all__ = [
     "npu_moe_finalize_routing", "npu_moe_init_routing_v2", "npu_quant_matmul", "npu_rms_norm", "npu_swiglu", "npu_weight_quant_batchmatmul",
 ]
 
+
+
+def _register_hccl() -> None:
+    """The "hccl" torch.distributed backend, as importing the real torch_npu registers it; here
+    gloo carries it (host tensors), so multi-rank code naming the platform's backend runs."""
+    import torch.distributed as dist
+
+    if "hccl" in dist.Backend.backend_list:
+        return
+
+    def gloo(store, rank, size, timeout):  # noqa: ANN001, ANN202
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+    dist.Backend.register_backend("hccl", gloo, devices=["cpu"])
+
+
 torch.npu = npu  # what importing the real torch_npu does
+_register_hccl()
