@@ -8,8 +8,9 @@ Inputs (the specification, kept beside the repository in ``../shared``):
 
 Rules:
   * Ascend: a flag the page marks unsupported (×) is ``unsupported`` on that generation; a flag it
-    marks supported (√) is ``not-implemented``, because infer has no Ascend kernels (it would be
-    ``supported`` only once implemented and tested here). Option values the page lists for a
+    marks supported (√) is ``not-implemented`` in this generated layer; the plugin's hand-kept
+    ``support_impl.yaml`` raises what it implements to ``experimental`` (``supported`` only once
+    tested on Ascend hardware). Option values the page lists for a
     supported flag get their own flag=value rows with the same verdict.
   * ROCm and Gaudi: every flag is ``not-implemented`` (no kernels for them exist in infer).
   * Everywhere: option values that need another vendor's hardware (fa3 is an sm90 CUDA kernel,
