@@ -219,9 +219,7 @@ async def _produce(gen: AsyncIterator[Any], items: asyncio.Queue) -> None:
         async for item in gen:
             items.put_nowait(item)
         items.put_nowait(_END)
-    except asyncio.CancelledError:
-        raise
-    except Exception as err:  # noqa: BLE001 - re-raised in the consumer
+    except Exception as err:  # noqa: BLE001 - re-raised in the consumer; a cancellation passes
         items.put_nowait(_Failed(err))
 
 
