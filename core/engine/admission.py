@@ -98,7 +98,8 @@ class Admission:
     def _sibling(req: Request, i: int) -> Request:
         p = SamplingParams(**{**req.params.to_dict(), "n": 1})
         if p.seed is not None:
-            p.seed += i  # distinct but reproducible samples per choice
+            # distinct but reproducible samples per choice, kept in the signed 64-bit range
+            p.seed = (p.seed + i + (1 << 63)) % (1 << 64) - (1 << 63)
         return Request(rid=f"{req.rid}-{i}", prompt_ids=list(req.prompt_ids), params=p,
                        priority=req.priority, return_logprob=req.return_logprob,
                        top_logprobs_num=req.top_logprobs_num,

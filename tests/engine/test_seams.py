@@ -178,3 +178,13 @@ def test_runner_samples_the_last_k_rows_of_a_span(make_core):
     assert res.sampled == [(req, expect)]
     core.kv.release(req, cache=False)
     core.executor.forget(req.rid)
+
+
+def test_n_choices_near_the_seed_limit_stay_in_range(make_core):
+    core = make_core()
+    req = core.make_request("s", [5, 6, 7], {"max_new_tokens": 1, "n": 3, "seed": (1 << 63) - 2})
+    core.add_request(req)
+    seeds = [core.table.reqs[f"s-{i}"].seed for i in range(3)]
+    assert seeds == [(1 << 63) - 2, (1 << 63) - 1, -(1 << 63)]
+    while core.has_work():
+        core.step()
