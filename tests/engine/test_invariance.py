@@ -95,6 +95,6 @@ def test_chunked_prefill_gives_the_same_tokens(default_core, prompts, reference)
 def test_deterministic_flag_gives_the_same_tokens(default_core, prompts, reference):
     core = EngineCore(ServerArgs(model_path=default_core.args.model_path, max_total_tokens=8192,
                                  enable_deterministic_inference=True, chunked_prefill_size=16))
-    toks, _ = _run(core, [prompts[i % len(prompts)] for i in range(13)], "det", stagger=True)
-    assert toks == [reference[i % len(prompts)] for i in range(13)]
-    assert _alone_cold(core, prompts, "detc") == reference
+    toks, _ = _run(core, [prompts[i % len(prompts)] for i in range(8)], "det", stagger=True)
+    assert toks == [reference[i % len(prompts)] for i in range(8)]
+    assert _alone_cold(core, prompts[:2], "detc") == reference[:2]
