@@ -53,7 +53,7 @@ from infer.core.config.validate import check_piecewise_tokens
 from infer.core.config.views import GraphConfig
 from infer.core.ops.attention import AttentionMetadata
 from infer.core.ops.forward_batch import ForwardBatch
-from infer.core.ops.graph import GraphRunner
+from infer.core.ops.graph import GraphRunner, copy_decode_batch
 
 log = logging.getLogger(__name__)
 
@@ -277,26 +277,9 @@ class CudaGraphRunner(GraphRunner):
         n = batch.attn.num_seqs
         bs = self._size_for(n)
         assert bs is not None, "run() called for a batch that can_run() rejects"
-        st, src = self.static[bs], batch.attn
+        st = self.static[bs]
         meta = st.attn
-        st.input_ids[:n].copy_(batch.input_ids)
-        st.positions[:n].copy_(batch.positions)
-        meta.seq_lens[:n].copy_(src.seq_lens)
-        meta.prefix_lens[:n].copy_(src.prefix_lens)
-        meta.slot_mapping[:n].copy_(src.slot_mapping)
-        width = src.block_tables.shape[1]
-        meta.block_tables[:n, :width].copy_(src.block_tables)
-        meta.block_tables[:n, width:].zero_()
-        if n < bs:  # padding rows: one token in scratch page 0
-            st.input_ids[n:].zero_()
-            st.positions[n:].zero_()
-            meta.seq_lens[n:].fill_(1)
-            meta.prefix_lens[n:].zero_()
-            meta.slot_mapping[n:].zero_()
-            meta.block_tables[n:].zero_()
-        meta.seq_lens_cpu = list(src.seq_lens_cpu) + [1] * (bs - n)
-        meta.extend_lens_cpu = [1] * bs
-        meta.max_seq_len = max(meta.seq_lens_cpu)
+        copy_decode_batch(st, batch, bs)
         self.mr.attn_backend.plan(meta)  # in place: the Triton backend keeps its launch shapes
         self.graphs[bs].replay()
         self.stats["decode"] += 1
