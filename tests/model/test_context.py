@@ -9,6 +9,7 @@ from infer.core.hookspecs import hookimpl
 from infer.core.model import registry
 from infer.core.model.context import ModelContext, ModelContextError
 from infer.core.ops.linear import LinearMethod
+from infer.core.ops.reference.linear import DenseLinearMethod
 from infer.core.plugins import PluginHost
 
 
@@ -44,7 +45,9 @@ def test_defaults_resolve_to_cpu_references():
     ctx = ModelContext.build(platform=platform, host=host, dtype=torch.float32)
     assert ctx.attention_backend_name == "torch_native"
     assert type(ctx.moe_runner).__name__ == "TorchMoERunner"
-    assert type(ctx.linear_method).__name__ == "DenseLinearMethod"
+    # the CPU plugin's dense method: the core's reference, with the native bf16 GEMM for bf16
+    assert type(ctx.linear_method).__name__ == "NativeDenseLinearMethod"
+    assert isinstance(ctx.linear_method, DenseLinearMethod)
     assert ctx.quantization is None and ctx.comm.world_size == 1
 
 
@@ -60,7 +63,7 @@ def test_gguf_linear_method_seam(load_format, explicit, with_gguf, expect):
                              load_format=load_format, dtype_explicit=explicit)
     assert ctx.quantization == expect
     assert isinstance(ctx.linear_method, _GGUFMethod) == (expect == "gguf")
-    assert type(ctx.dense_linear_method).__name__ == "DenseLinearMethod"
+    assert type(ctx.dense_linear_method).__name__ == "NativeDenseLinearMethod"
 
 
 def test_unknown_names_list_what_is_available():
