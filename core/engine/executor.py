@@ -22,22 +22,24 @@ from typing import Any
 
 from infer.core.cache.page_pool import kv_bytes_per_token
 from infer.core.config.views import DEFAULT_POOL_CONTEXTS, CacheConfig, EngineConfig
-from infer.core.engine.model_runner import LaunchedStep, ModelRunner, StepResult
+from infer.core.engine.model_runner import LaunchedStep, ModelRunner, StepResult, kv_layers
 from infer.core.engine.scheduler import ScheduleBatch
 
 log = logging.getLogger(__name__)
 
 
-def pool_pages(cache: CacheConfig, arch: Any, weight_bytes: int, memory_available: int,
-               kv_heads: int, num_layers: int | None = None) -> int:
-    """KV pages (including the scratch page 0) for one rank holding ``kv_heads`` KV heads in each
-    of ``num_layers`` layers (default: all) and ``weight_bytes`` of weights, with
-    ``memory_available`` bytes on its device."""
+def pool_pages(cache: CacheConfig, loaded: Any, memory_available: int) -> int:
+    """KV pages (including the scratch page 0) for one rank holding ``loaded`` (its shard of the
+    weights, its KV heads in each layer whose cache it keeps), with ``memory_available`` bytes
+    on its device."""
     ps = cache.page_size
     if cache.max_total_tokens:
         return -(-int(cache.max_total_tokens) // ps) + 1
-    layers = arch.num_layers if num_layers is None else num_layers
-    per_token = kv_bytes_per_token(layers, kv_heads, arch.head_dim, arch.kv_dtype.itemsize)
+    arch = loaded.arch
+    weight_bytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    kv_heads = loaded.ctx.attn_backend.config.num_kv_heads
+    per_token = kv_bytes_per_token(len(kv_layers(loaded)), kv_heads, arch.head_dim,
+                                   arch.kv_dtype.itemsize)
     frac = cache.mem_fraction
     budget = int(frac * memory_available) - weight_bytes
     tokens = budget // per_token
@@ -88,10 +90,7 @@ class LocalExecutor(Executor):
         self.runner: ModelRunner | None = None
 
     def kv_pages(self) -> int:
-        weights = sum(p.numel() * p.element_size() for p in self.loaded.model.parameters())
-        kv_heads = self.loaded.ctx.attn_backend.config.num_kv_heads
-        return pool_pages(self.cfg.cache, self.loaded.arch, weights,
-                          self.platform.memory_available(), kv_heads)
+        return pool_pages(self.cfg.cache, self.loaded, self.platform.memory_available())
 
     def start(self, num_pages: int, grammar: Any) -> None:
         self.runner = ModelRunner(self.loaded, self.cfg, num_pages, self.platform, grammar)

@@ -37,7 +37,7 @@ import torch.distributed as dist
 import zmq
 from infer.core.config.views import EngineConfig
 from infer.core.engine.executor import Executor, pool_pages
-from infer.core.engine.model_runner import LaunchedStep, ModelRunner, StepInputs, StepResult, kv_layers
+from infer.core.engine.model_runner import LaunchedStep, ModelRunner, StepInputs, StepResult
 from infer.core.engine.scheduler import ScheduleBatch
 
 log = logging.getLogger(__name__)
@@ -93,10 +93,7 @@ class RankProcess:
 
     def kv_pages(self) -> int:
         """This rank's page budget, then the smallest over all ranks (every rank calls this)."""
-        weights = sum(t.numel() * t.element_size() for t in self.loaded.model.parameters())
-        mine = pool_pages(self.cfg.cache, self.loaded.arch, weights, self.platform.memory_available(),
-                          self.loaded.ctx.attn_backend.config.num_kv_heads,
-                          len(kv_layers(self.loaded)))
+        mine = pool_pages(self.cfg.cache, self.loaded, self.platform.memory_available())
         t = torch.tensor([mine], dtype=torch.int64, device=self.platform.torch_device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         return int(t.item())
