@@ -118,10 +118,10 @@ def _worker_main(cfg: EngineConfig, platform_name: str, rank: int, host: str, po
     try:
         while True:
             events = dict(poller.poll())
-            if monitor in events:
+            if sub not in events:  # only a disconnect, with nothing left to read: rank 0 is gone
                 log.error("rank %d: rank 0 disconnected; exiting", rank)
                 os._exit(1)
-            msg = sub.recv()
+            msg = sub.recv()  # messages first: rank 0's STOP may arrive with its disconnect
             if msg == _STOP:
                 break
             if msg != _SYNC:
