@@ -82,7 +82,7 @@ class ModelContext:
               quantization: str | None = None, load_format: str = "auto",
               dtype_explicit: bool = False, tp_size: int = 1, tp_rank: int = 0,
               ep_size: int = 1, comm_group: Any = None,
-              deterministic: bool = False) -> ModelContext:
+              deterministic: bool = False, checkpoint_dir: str | None = None) -> ModelContext:
         """Resolve every implementation; raises ModelContextError for an unavailable name."""
         if not 0 <= tp_rank < tp_size or tp_size % ep_size:
             raise ModelContextError(f"tp_rank {tp_rank} / tp_size {tp_size} / ep_size {ep_size}: "
@@ -97,7 +97,7 @@ class ModelContext:
                 and Registries.pick(reg.linear, "gguf", platform.name) is not None):
             quant_key = "gguf"
         lin_cfg = LinearConfig(quantization=quant_key, dtype=dtype, device=device,
-                               deterministic=deterministic)
+                               deterministic=deterministic, checkpoint_dir=checkpoint_dir)
         linear = _pick(reg.linear, quant_key, platform, "linear method", "--quantization")(lin_cfg)
         dense = (linear if quant_key is None else
                  _pick(reg.linear, None, platform, "linear method", "--quantization")(

@@ -21,6 +21,9 @@ class LinearConfig:
     # --enable-deterministic-inference: every row's result independent of the batch (its size,
     # the other rows, chunking); a method that cannot give that refuses the layer at load
     deterministic: bool = False
+    # the checkpoint's directory, for a method that reads the checkpoint's own description of
+    # its quantized tensors (Ascend's modelslim: quant_model_description.json); None: unknown
+    checkpoint_dir: str | None = None
 
 
 class LinearMethod(ABC):
@@ -38,6 +41,11 @@ class LinearMethod(ABC):
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:  # noqa: B027 (optional hook)
         """Called once after all weights are loaded."""
+
+    def bind_model(self, model: nn.Module) -> None:  # noqa: B027 (optional hook)
+        """Called once with the built model before its weights load: a method whose weights
+        differ per layer (a pre-quantized checkpoint naming each layer's scheme) replaces the
+        parameters ``create_weights`` made, by the layers' module names."""
 
     @abstractmethod
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -148,7 +148,8 @@ def load_model(model_path: str, *, platform: Any = None, host: Any = None, dtype
                              moe_runner_backend=moe_runner_backend, quantization=quantization,
                              load_format=source.load_format,
                              dtype_explicit=dtype_explicit or dtype != "auto",
-                             deterministic=enable_deterministic_inference)
+                             deterministic=enable_deterministic_inference,
+                             checkpoint_dir=str(source.directory))
     if pp_size > 1:
         from infer.core.model.pipeline import PipelineStage, stage_layers
 
@@ -164,6 +165,7 @@ def load_model(model_path: str, *, platform: Any = None, host: Any = None, dtype
 
     with torch.device(ctx.device):
         model = model_cls(config, ctx)
+    ctx.linear_method.bind_model(model)  # a per-layer scheme (modelslim) replaces parameters
     if source.load_format == "dummy":
         model.init_dummy_weights(seed)
     elif is_gguf:

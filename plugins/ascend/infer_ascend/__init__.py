@@ -8,7 +8,7 @@ torch_npu), that the driver's device nodes exist, and reads the SoC name from ``
 ACL context is created.
 
 What runs (see README.md and support_impl.yaml): attention backend ``ascend``, unquantized /
-W8A8 int8 / weight-only int8 linear methods, the MoE runner, HCCL collectives and ACL-graph
+W8A8 int8 / weight-only int8 linear methods and msModelSlim checkpoints (``modelslim``), the MoE runner, HCCL collectives and ACL-graph
 decode, all on torch_npu ops. Verified against an emulation of the ops here, not yet on an NPU,
 so the matrix reads experimental for them.
 """
@@ -47,7 +47,8 @@ def register_attention_backends(register: Any) -> None:
 @hookimpl
 def register_linear_methods(register: Any) -> None:
     register(None, "infer_ascend.ops.linear:AscendDenseLinear", PLATFORM)
-    register("w8a8_int8", "infer_ascend.ops.linear:W8A8DynamicLinear", PLATFORM)
+    register("w8a8_int8", "infer_ascend.ops.linear:w8a8_int8", PLATFORM)
+    register("modelslim", "infer_ascend.ops.modelslim:ModelslimLinear", PLATFORM)
     register("torchao:int8wo", "infer_ascend.ops.linear:Int8WeightOnlyLinear", PLATFORM)
 
 

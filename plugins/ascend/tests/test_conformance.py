@@ -8,9 +8,14 @@ tests/test_graph_runner.py checks ACL-graph replay against eager decode instead.
 emulation the communicators are checked on one rank: the kit's two-rank check forms the "hccl"
 group in fresh processes before it imports the communicator, and only the real torch_npu is
 loaded by ``import torch`` itself (device-backend autoload); tests/test_parallel.py forms the
-"hccl" group over two processes after importing torch_npu (the emulated one registers it)."""
+"hccl" group over two processes after importing torch_npu (the emulated one registers it).
+The ``modelslim`` linear method is left out: each of its layers is what the checkpoint's
+quant_model_description.json says (int8 tensors and scales written by msModelSlim), so it has no
+dense weight for the kit to fill; tests/test_modelslim.py checks it on such a checkpoint."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -26,7 +31,9 @@ class _EmulatedHost:
 
     def __init__(self) -> None:
         self._host = get_plugin_host()
-        self.registries = self._host.registries
+        reg = self._host.registries
+        self.registries = replace(reg, linear={k: v for k, v in reg.linear.items()
+                                               if k != "modelslim"})
         self.platform = None
 
     def select(self, name: str | None = None):  # noqa: ANN201

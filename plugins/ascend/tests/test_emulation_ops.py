@@ -197,11 +197,51 @@ def test_quant_matmul_layout_and_bias_order(tnpu):
         tnpu.npu_quant_matmul(x, w, scale, output_dtype=torch.float16)  # [N, K] is not [K, N]
     ib = torch.tensor([1, 0, 0, 0], dtype=torch.int32)  # int32 bias: before the scale
     fb = torch.tensor([1.0, 0, 0, 0])  # float bias: after it
-    oi = tnpu.npu_quant_matmul(x, w.t(), scale, bias=ib, output_dtype=torch.float16)
-    of = tnpu.npu_quant_matmul(x, w.t(), scale, bias=fb, output_dtype=torch.float16)
-    base = tnpu.npu_quant_matmul(x, w.t(), scale, output_dtype=torch.float16)
+    bf = torch.bfloat16
+    oi = tnpu.npu_quant_matmul(x, w.t(), scale, bias=ib, output_dtype=bf)
+    of = tnpu.npu_quant_matmul(x, w.t(), scale, bias=fb, output_dtype=bf)
+    base = tnpu.npu_quant_matmul(x, w.t(), scale, output_dtype=bf)
     torch.testing.assert_close((oi - base)[:, 0].float(), torch.full((2,), 0.5))
     torch.testing.assert_close((of - base)[:, 0].float(), torch.full((2,), 1.0))
+
+
+def test_quant_matmul_float16_without_pertoken_takes_the_int64_scale(tnpu):
+    """The document's dtype table: a float16 output with no per-token scale needs the int64
+    scale of npu_trans_quant_param (modelslim's deq_scale of float16 models) and an int32 bias."""
+    x = torch.randint(-5, 5, (2, 3), dtype=torch.int8)
+    w = torch.randint(-5, 5, (3, 4), dtype=torch.int8)
+    scale = torch.tensor([0.5, 1.0, 2.0, 0.25])
+    with pytest.raises(TypeError, match="scale"):
+        tnpu.npu_quant_matmul(x, w, scale, output_dtype=torch.float16)
+    s64 = tnpu.npu_trans_quant_param(scale)
+    assert s64.dtype == torch.int64 and s64[1].item() == 0x3F800000  # 1.0f's bits, low word
+    ib = torch.tensor([4, 0, 0, 0], dtype=torch.int32)
+    out = tnpu.npu_quant_matmul(x, w, s64, bias=ib, output_dtype=torch.float16)
+    want = (x.float() @ w.float() + ib.float()) * scale
+    torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=1e-3)
+    with pytest.raises(TypeError, match="bias"):
+        tnpu.npu_quant_matmul(x, w, s64, bias=ib.half(), output_dtype=torch.float16)
+    with pytest.raises(TypeError, match="scale"):  # bfloat16 output: float32/bfloat16 scale
+        tnpu.npu_quant_matmul(x, w, s64, output_dtype=torch.bfloat16)
+
+
+def test_quantize_multiplies_adds_the_offset_rounds_and_saturates(tnpu):
+    """div_mode False: y = round(x * scales + zero_points), ties to even, clamped to int8; the
+    offset is added (modelslim: x_q = x / input_scale + input_offset)."""
+    x = torch.tensor([[0.5, -1.0, 2.0, 0.25], [100.0, -100.0, 0.375, 0.0]], dtype=torch.float16)
+    s = torch.full((4,), 10.0, dtype=torch.float16)
+    zp = torch.full((4,), 3.0, dtype=torch.float16)
+    y = tnpu.npu_quantize(x, s, zp, torch.qint8, -1, False)
+    assert y.dtype == torch.int8
+    assert y.tolist() == [[8, -7, 23, 6], [127, -128, 7, 3]]  # 5.5 -> 6 (even)
+    y0 = tnpu.npu_quantize(x, s, None, torch.qint8, -1, False)
+    assert y0[0].tolist() == [5, -10, 20, 2]  # 2.5 rounds to the even 2
+    with pytest.raises(ValueError, match="dtype"):
+        tnpu.npu_quantize(x, s.float(), None, torch.qint8, -1, False)
+    with pytest.raises(ValueError, match="zero_points"):
+        tnpu.npu_quantize(x, s, zp[:1], torch.qint8, -1, False)
+    with pytest.raises(NotImplementedError):
+        tnpu.npu_quantize(x, s, zp, torch.qint8, -1, True)
 
 
 def test_weight_quant_batchmatmul(tnpu):
@@ -213,6 +253,12 @@ def test_weight_quant_batchmatmul(tnpu):
                                rtol=1e-2)
     with pytest.raises(ValueError, match="antiquant_scale"):
         tnpu.npu_weight_quant_batchmatmul(x, w, s.float())
+    off = torch.full((4,), 2.0, dtype=torch.float16)  # added to the weight, then scaled
+    out_o = tnpu.npu_weight_quant_batchmatmul(x, w, s, off)
+    torch.testing.assert_close(out_o.float(), x.float() @ ((w.float() + 2.0) * s.float()),
+                               atol=2e-2, rtol=1e-2)
+    with pytest.raises(ValueError, match="antiquant_offset"):
+        tnpu.npu_weight_quant_batchmatmul(x, w, s, off.float())
 
 
 def test_init_routing_v2_gather_index_counts_and_range(tnpu):

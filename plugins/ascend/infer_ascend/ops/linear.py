@@ -10,8 +10,9 @@ weight-only int8.
 * ``torchao:int8wo`` (``--torchao-config int8wo``): the same int8 weight, activations unquantized,
   ``npu_weight_quant_batchmatmul`` dequantizes in the kernel.
 
-Modelslim checkpoints themselves (int8 tensors with ``weight_scale`` / ``input_scale`` /
-``deq_scale`` per layer) are not loaded: infer's loader reads fp16/bf16/fp32 checkpoints.
+``w8a8_int8`` on a checkpoint written by msModelSlim (a ``quant_model_description.json`` beside
+the weights) loads it as ``--quantization modelslim`` does (``infer_ascend.ops.modelslim``), as
+SGLang's w8a8_int8 config does on NPUs; on an fp16/bf16 checkpoint it quantizes at load.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 import torch_npu
-from infer.core.ops.linear import LinearMethod
+from infer.core.ops.linear import LinearConfig, LinearMethod
 from torch import nn
 
 
@@ -45,15 +46,30 @@ class _Int8Weight(LinearMethod):
         layer.weight = None  # the float copy is not kept
 
 
+def dynamic_w8a8(x: torch.Tensor, qweight: torch.Tensor, w_scale: torch.Tensor,
+                 bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., K] float16/bfloat16, qweight int8 [N, K], w_scale float32 [N] (symmetric, per
+    output channel): ``npu_dynamic_quant`` per token, then ``npu_quant_matmul`` with both scales."""
+    shape = x.shape
+    xq, x_scale = torch_npu.npu_dynamic_quant(x.reshape(-1, shape[-1]))  # int8 [M, K], f32 [M]
+    out = torch_npu.npu_quant_matmul(xq, qweight.t(), w_scale, pertoken_scale=x_scale,
+                                     bias=bias, output_dtype=x.dtype)
+    return out.view(*shape[:-1], out.shape[-1])
+
+
+def weight_only_int8(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
+                     offset: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., K], qweight int8 [N, K]; the kernel computes x @ ((w + offset) * scale) with
+    scale / offset [N] in x's dtype (``npu_weight_quant_batchmatmul``)."""
+    shape = x.shape
+    out = torch_npu.npu_weight_quant_batchmatmul(x.reshape(-1, shape[-1]), qweight.t(), scale,
+                                                 offset, bias=bias)
+    return out.view(*shape[:-1], out.shape[-1])
+
+
 class W8A8DynamicLinear(_Int8Weight):
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        xq, x_scale = torch_npu.npu_dynamic_quant(x2)  # int8 [M, K], float32 [M]
-        out = torch_npu.npu_quant_matmul(xq, layer.qweight.t(), layer.w_scale,
-                                         pertoken_scale=x_scale, bias=layer.bias,
-                                         output_dtype=x.dtype)
-        return out.view(*shape[:-1], out.shape[-1])
+        return dynamic_w8a8(x, layer.qweight, layer.w_scale, layer.bias)
 
 
 class Int8WeightOnlyLinear(_Int8Weight):
@@ -62,7 +78,14 @@ class Int8WeightOnlyLinear(_Int8Weight):
         layer.w_scale.data = layer.w_scale.data.to(self.config.dtype)  # the kernel wants x's dtype
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        out = torch_npu.npu_weight_quant_batchmatmul(x.reshape(-1, shape[-1]), layer.qweight.t(),
-                                                     layer.w_scale, bias=layer.bias)
-        return out.view(*shape[:-1], out.shape[-1])
+        return weight_only_int8(x, layer.qweight, layer.w_scale, None, layer.bias)
+
+
+def w8a8_int8(config: LinearConfig) -> LinearMethod:
+    """``--quantization w8a8_int8``: a msModelSlim checkpoint loads per its description (as
+    ``modelslim``); an fp16/bf16 checkpoint is quantized at load (W8A8 dynamic)."""
+    from infer_ascend.ops.modelslim import ModelslimLinear, find_description
+
+    if find_description(config.checkpoint_dir) is not None:
+        return ModelslimLinear(config)
+    return W8A8DynamicLinear(config)
