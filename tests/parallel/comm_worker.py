@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 from typing import Any
 
@@ -24,27 +25,42 @@ def collectives(rank: int, world: int) -> dict[str, Any]:
     from infer_cpu.ops.shm_comm import ShmCommunicator
 
     shm, gloo = ShmCommunicator(world, rank), ProcessGroupCommunicator(world, rank)
-    out: dict[str, Any] = {"shm_used": shm.uses_shared_memory, "reduce": [], "gather": []}
+    out: dict[str, Any] = {"shm_used": shm.uses_shared_memory, "reduce": [], "gather": [],
+                           "c_vs_torch": []}
+    handle = shm.native_all_reduce()
+    out["c_entry"] = handle is not None
     for step in range(3):  # repeated collectives cycle through both buffers
         for x in _inputs(rank, step):
             ref = gloo.all_reduce(x.clone())
-            got = shm.all_reduce(x.clone())
+            got = shm.all_reduce(x.clone())  # float32: the C all-reduce; other dtypes: torch
             out["reduce"].append((got, ref))
             out["gather"].append((shm.all_gather(x, dim=0), gloo.all_gather(x, dim=0)))
+            if x.dtype == torch.float32 and handle is not None:
+                # the C entry point as the native decode graph calls it, against the torch ops
+                via_c = x.contiguous().view(-1).clone()
+                if _C_ALL_REDUCE(handle[0])(handle[1], via_c.data_ptr(), via_c.numel()):
+                    raise RuntimeError(shm.native_error())
+                via_torch = x.contiguous().view(-1).clone()
+                shm._all_reduce_torch(via_torch)
+                out["c_vs_torch"].append((via_c, via_torch, ref.reshape(-1)))
     return out
 
 
-def peer_exits(rank: int, world: int) -> str:
-    """Rank 1 exits before a collective; rank 0 must raise naming it, not hang."""
+_C_ALL_REDUCE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+
+
+def peer_exits(rank: int, world: int, dtype: torch.dtype = torch.float32) -> str:
+    """Rank 1 exits before a collective; rank 0 must raise naming it, not hang (float32: the C
+    all-reduce's wait; bf16: the torch path's)."""
     from infer_cpu.ops.shm_comm import ShmCommunicator
 
     shm = ShmCommunicator(world, rank)
     assert shm.uses_shared_memory
-    shm.all_reduce(torch.ones(4))
+    shm.all_reduce(torch.ones(4, dtype=dtype))
     if rank == 1:
         os._exit(0)
     try:
-        shm.all_reduce(torch.ones(4))
+        shm.all_reduce(torch.ones(4, dtype=dtype))
     except RuntimeError as exc:
         return str(exc)
     return "no error"

@@ -47,15 +47,19 @@ def greedy_on_rank(rank: int, world: int, cases: list[dict[str, Any]]) -> dict[s
 
 
 def native_greedy_on_rank(rank: int, world: int, path: str, prompts: list[list[int]],
-                          max_new: int) -> tuple[list[list[int]], set[str]]:
+                          max_new: int) -> dict[str, Any]:
     """The default GGUF model at its default precision (the native block kernels) on this rank:
-    greedy tokens and the kinds of linear layer it ran (``quant_kind``)."""
+    the kinds of linear layer it ran (``quant_kind``), and greedy tokens and logits through the
+    per-op path and through the native decode graph (its decode steps in one native call)."""
     from infer.core.model.layers.linear import LinearBase
 
     loaded = load(path, tp_size=world, tp_rank=rank, dtype="auto", page_size=16)
     kinds = {m.quant_kind for m in loaded.model.modules() if isinstance(m, LinearBase)}
-    gen, _ = greedy(loaded, prompts, max_new, 16, 16, num_pages=64)
-    return gen, kinds
+    per_op = greedy(loaded, prompts, max_new, 16, 16, num_pages=64)
+    driver, graph, counts = graph_driver(loaded, 16, 64)
+    graph_run = run_greedy(driver, prompts, max_new, chunk=16)
+    return {"kinds": kinds, "per_op": per_op, "graph": graph_run, "graph_steps": counts["graph"],
+            "route": graph.all_reduce_route}
 
 
 def moe_rank_tokens(rank: int, world: int, path: str, ep_size: int) -> float:
@@ -73,3 +77,73 @@ def moe_rank_tokens(rank: int, world: int, path: str, ep_size: int) -> float:
         ref = moe(full)(x)
         got = moe(split).forward_rank_tokens(x)
     return ((got - ref).abs().max() / ref.abs().max()).item()
+
+
+def graph_driver(loaded: Any, page_size: int, num_pages: int, comm: Any = None
+                 ) -> tuple[PagedDriver, Any, dict[str, int]]:
+    """A PagedDriver whose decode-only steps run the CPU plugin's native decode graph
+    (``infer_cpu.graph``), captured on this rank's shard; other steps run the per-op model.
+    ``comm``: the communicator the graph's all-reduce uses (default the model's). Returns the
+    driver, the graph and a counter of the steps it ran."""
+    from infer_cpu.graph import NativeDecodeGraph
+
+    driver = rank_driver(loaded, page_size, num_pages)
+    ctx = loaded.ctx if comm is None else dataclasses.replace(loaded.ctx, comm=comm)
+    graph = NativeDecodeGraph(SimpleNamespace(model=loaded.model, kv_cache=driver.kv,
+                                              loaded=SimpleNamespace(ctx=ctx)), None)
+    graph.capture()
+    assert graph.ok, graph.reason
+    counts = {"graph": 0}
+
+    def forward(fwd: Any) -> torch.Tensor:
+        if graph.can_run(fwd):
+            counts["graph"] += 1
+            return graph.run(fwd)
+        return loaded.model(fwd)
+
+    driver.loaded.model = forward
+    return driver, graph, counts
+
+
+def graph_greedy_on_rank(rank: int, world: int, cases: list[dict[str, Any]]) -> dict[str, Any]:
+    """For each case {name, path, prompts, max_new, page_size, chunk, route}: greedy tokens and
+    logits through the native decode graph at tp_size = world, with the graph's all-reduce on
+    the route asked for ("native": the communicator's C all-reduce, "callback": a plain gloo
+    communicator called back from C), the route it took and how many steps the graph ran; and
+    ("per_op", the per-op path on the same shard) for comparison."""
+    from infer.core.ops.comm import ProcessGroupCommunicator
+
+    out = {}
+    for c in cases:
+        loaded = load(c["path"], tp_size=world, tp_rank=rank, dtype="auto",
+                      page_size=c["page_size"])
+        comm = ProcessGroupCommunicator(world, rank) if c["route"] == "callback" else None
+        driver, graph, counts = graph_driver(loaded, c["page_size"], 128, comm)
+        gen, logits = run_greedy(driver, c["prompts"], c["max_new"], chunk=c["chunk"])
+        per_op = greedy(loaded, c["prompts"], c["max_new"], c["page_size"], c["chunk"], 128)
+        out[c["name"]] = {"gen": gen, "logits": logits, "route": graph.all_reduce_route,
+                          "graph_steps": counts["graph"], "per_op": per_op}
+    return out
+
+
+def graph_peer_exits(rank: int, world: int, path: str) -> dict[str, str]:
+    """Rank 1 exits in the middle of a decode step: it joins the step's first collective (the
+    vocabulary-parallel embedding's all-reduce, before the native call) and exits, so rank 0's
+    native call finds it gone at the all-reduce after the first layer's attention. Rank 0 must
+    raise from the graph's run, naming rank 1, not hang."""
+    import os
+    import traceback
+
+    loaded = load(path, tp_size=world, tp_rank=rank, dtype="auto", page_size=4)
+    driver, graph, counts = graph_driver(loaded, 4, 32)
+    driver.step([(0, [1, 2, 3])])  # prefill (per-op path, collectives over shared memory)
+    if rank == 1:
+        loaded.ctx.comm.all_reduce(torch.zeros(1, loaded.arch.hidden_size))
+        os._exit(0)
+    try:
+        driver.step([(0, [4])])
+    except RuntimeError as exc:
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        return {"route": graph.all_reduce_route, "error": str(exc), "raised_in": where.name,
+                "file": where.filename, "graph_steps": str(counts["graph"])}
+    return {"error": "no error"}

@@ -9,16 +9,26 @@ and records each layer's weight and cache pointers in a C array. A decode step i
 native call for all layers (``infer_decode_layers``, the same kernels the per-op path calls, so
 both paths give identical numbers), plus the embedding lookup, final norm and LM head in torch.
 
-A model it cannot run (another architecture or layer type, dense or bf16 weights, tensor
-parallelism, a non-native attention backend, a float16 KV cache) is left to the per-op path,
-and ``reason`` says why. A bf16 model with a bf16 KV cache runs the bf16 stack of
-``infer_cpu.graph_bf16`` instead (bf16 weights on the native bf16 GEMM).
+Tensor parallelism: each rank captures its shard (its heads, KV heads and intermediate
+columns) and the native call sums the attention output and MLP down projections across ranks
+itself, where the per-op path calls the communicator: with the shared-memory communicator (every
+rank on this host) through its C all-reduce (``kernels/infer_cpu_comm.c``), so the step never
+returns to Python; with any other communicator (ranks on several hosts: gloo) through a ctypes
+callback into its ``all_reduce``. The vocabulary-parallel embedding's all-reduce and the LM
+head's all-gather happen in torch before and after the call, as on the per-op path. A rank whose
+peer died gets an error from the call (``RuntimeError``), never a hang.
+
+A model it cannot run (another architecture or layer type, dense weights, a non-native
+attention backend, a float16 KV cache, pipeline parallelism) is left to the per-op path, and
+``reason`` says why. A bf16 model with a bf16 KV cache runs the bf16 stack of
+``infer_cpu.graph_bf16`` instead (bf16 weights on the native bf16 GEMM; one rank only).
 ``--disable-cuda-graph`` / ``--enforce-eager`` turn the runner off.
 There is no batch-size padding: the call takes any decode batch.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from typing import Any
 
@@ -38,6 +48,10 @@ class NativeDecodeGraph(GraphRunner):
         self.reason = "not captured"
         self._keep: list[Any] = []
         self._bf16: BF16DecodeStack | None = None
+        self._ar_fn: int | None = None  # the all-reduce the native step calls (tp > 1)
+        self._ar_state: int | None = None
+        self._ar_errors: list[BaseException] = []  # raised by the callback route
+        self.all_reduce_route = "none (one rank)"
 
     # -- capture -------------------------------------------------------------------------------
     def capture(self) -> None:
@@ -58,13 +72,15 @@ class NativeDecodeGraph(GraphRunner):
         mr = self.mr
         model = mr.model
         ctx = mr.loaded.ctx
-        if getattr(ctx, "tp_size", 1) != 1:
-            raise _Unsupported("tensor parallelism")
+        tp = getattr(ctx, "tp_size", 1)
         if getattr(ctx, "pipeline", None) is not None:
             raise _Unsupported("pipeline parallelism (a stage sends and receives between layers)")
         if ctx.attention_backend_name != "torch_native":
             raise _Unsupported(f"attention backend {ctx.attention_backend_name!r}")
         if mr.kv_cache.k[0].dtype == torch.bfloat16:
+            if tp != 1:
+                raise _Unsupported("tensor parallelism with a bf16 model (the bf16 stack runs "
+                                   "one rank)")
             self._bf16 = BF16DecodeStack(mr)
             return
         if mr.kv_cache.k[0].dtype != torch.float32:
@@ -120,6 +136,36 @@ class NativeDecodeGraph(GraphRunner):
         self.table, self.n_layers = table, len(layers)
         self._fn = lib.infer_decode_layers
         self._model = model
+        if tp != 1:
+            self._wire_all_reduce(ctx.comm)
+
+    def _wire_all_reduce(self, comm: Any) -> None:
+        """The communicator's C all-reduce if it has one (the shared-memory segment), else a
+        callback into its ``all_reduce``. Every rank gets here at the same point of capture:
+        the first ``native_all_reduce()`` sets the segment up, a collective."""
+        native = getattr(comm, "native_all_reduce", None)
+        handle = native() if native is not None else None
+        if handle is not None:
+            self._ar_fn, self._ar_state = handle
+            self.all_reduce_route = "native (shared memory, in C)"
+            return
+        errors = self._ar_errors
+
+        def all_reduce(state: int | None, ptr: int, n: int) -> int:
+            try:
+                x = torch.frombuffer((ctypes.c_float * n).from_address(ptr), dtype=torch.float32)
+                y = comm.all_reduce(x)
+                if y.data_ptr() != x.data_ptr():
+                    x.copy_(y)
+                return 0
+            except BaseException as e:  # noqa: BLE001 (an exception cannot cross into C)
+                errors.append(e)
+                return 1
+
+        callback = _ALL_REDUCE_FN(all_reduce)
+        self._keep.append(callback)
+        self._ar_fn = ctypes.cast(callback, ctypes.c_void_p).value
+        self.all_reduce_route = f"callback into {type(comm).__name__}.all_reduce"
 
     # -- replay --------------------------------------------------------------------------------
     def can_run(self, batch: Any) -> bool:
@@ -139,11 +185,19 @@ class NativeDecodeGraph(GraphRunner):
                 or bt.stride(1) != 1 or seq_lens.dtype != torch.int32):
             raise TypeError("decode metadata dtypes differ from what the native graph expects")
         kernels._lib()  # sizes the OpenMP team to torch's thread count
-        self._fn(self.table, self.n_layers, h.data_ptr(), h.shape[0], self.hidden, self.heads,
-                 self.kv_heads, self.head_dim, self.inter, self.eps, pos.data_ptr(),
-                 self.rotary.cos_sin.data_ptr(), self.rotary.rotary_dim, slots.data_ptr(),
-                 bt.data_ptr(), bt.stride(0), seq_lens.data_ptr(), meta.page_size, self.scale)
+        rc = self._fn(self.table, self.n_layers, h.data_ptr(), h.shape[0], self.hidden,
+                      self.heads, self.kv_heads, self.head_dim, self.inter, self.eps,
+                      pos.data_ptr(), self.rotary.cos_sin.data_ptr(), self.rotary.rotary_dim,
+                      slots.data_ptr(), bt.data_ptr(), bt.stride(0), seq_lens.data_ptr(),
+                      meta.page_size, self.scale, self._ar_fn, self._ar_state)
+        if rc:
+            if self._ar_errors:
+                raise self._ar_errors.pop()
+            raise RuntimeError(self.mr.loaded.ctx.comm.native_error())
         return model.compute_logits(h, batch)
+
+
+_ALL_REDUCE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
 
 
 class _Unsupported(Exception):

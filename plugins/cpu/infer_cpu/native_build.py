@@ -22,6 +22,9 @@ LIB_NAME = "libinfer_cpu_kernels.so"
 # the bf16 GEMM and bf16 decode step (kernels/bf16.py), a library of its own
 BF16_SOURCE = Path(__file__).parent / "kernels" / "infer_cpu_bf16.c"
 BF16_LIB_NAME = "libinfer_cpu_bf16.so"
+# the shared-memory all-reduce (infer_cpu.ops.shm_comm), a library of its own
+COMM_SOURCE = Path(__file__).parent / "kernels" / "infer_cpu_comm.c"
+COMM_LIB_NAME = "libinfer_cpu_comm.so"
 
 
 def _cache_dir() -> Path:

@@ -57,7 +57,7 @@ _SIGNATURES = {
     "infer_paged_decode": [_P, _L, _P, _L, _P, _L, _P, _P, _P, _P, _L, _P, _P, _I, _I, _I, _I,
                            _I, _F],
     "infer_decode_layers": [ctypes.POINTER(Layer), _I, _P, _I, _I, _I, _I, _I, _I, _F, _P, _P, _I,
-                            _P, _P, _L, _P, _I, _F],
+                            _P, _P, _L, _P, _I, _F, _P, _P],
 }
 
 
@@ -84,7 +84,7 @@ def load() -> ctypes.CDLL | None:
                 for name, argtypes in _SIGNATURES.items():
                     fn = getattr(lib, name)
                     fn.argtypes = argtypes
-                    fn.restype = _I if name == "infer_kernels_isa" else None
+                    fn.restype = _I if name in ("infer_kernels_isa", "infer_decode_layers") else None
                 isa = "avx2" if lib.infer_kernels_isa() == 2 else "portable C"
                 detail = f"{path} ({cc} {' '.join(flags)}; {isa})"
             except (OSError, RuntimeError, AttributeError) as e:

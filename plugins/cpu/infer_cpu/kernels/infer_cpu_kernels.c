@@ -1048,16 +1048,23 @@ static void share(int N, int tid, int nt, int *n0, int *n1) {
   *n1 = (tid + 1) * per * 16 < N ? (tid + 1) * per * 16 : N;
 }
 
+/* Sums x [n] across the tensor-parallel ranks in place; non-zero when it cannot (a peer died). */
+typedef int (*infer_all_reduce_fn)(void *state, float *x, int64_t n);
+
 /* The threads stay in one parallel region for the whole step and meet at five or six spin
  * barriers per layer (one per GEMM, attention, and the thread-0 rotary/KV write); the small
  * row-wise work (norms, and the SiLU gate of a small batch) is repeated by every thread on
  * private buffers rather than synchronised. Every output is computed by the same functions as
- * the per-op path, in the same order, so the two paths agree exactly. */
-void infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int B, int hidden,
-                         int H, int Hkv, int D, int inter, float eps, const int64_t *pos,
-                         const float *cos_sin, int rot_dim, const int64_t *slots,
-                         const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
-                         int page, float scale) {
+ * the per-op path, in the same order, so the two paths agree exactly.
+ * Tensor parallelism: the weights are this rank's shard (H, Hkv, inter local) and all_reduce
+ * (NULL on one rank) sums the o and down projections' partial outputs across ranks, called by
+ * thread 0 between two barriers, where the per-op path calls the communicator. Returns 0, or the
+ * all-reduce's error (the step stops there; h is then undefined). */
+int infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int B, int hidden,
+                        int H, int Hkv, int D, int inter, float eps, const int64_t *pos,
+                        const float *cos_sin, int rot_dim, const int64_t *slots,
+                        const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
+                        int page, float scale, infer_all_reduce_fn all_reduce, void *ar_state) {
   int qkv_w = (H + 2 * Hkv) * D, att_w = H * D;
   int kmax = hidden > att_w ? hidden : att_w;
   kmax = kmax > inter ? kmax : inter;
@@ -1066,6 +1073,9 @@ void infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int 
   float *o = (float *)malloc(sizeof(float) * (size_t)B * hidden);
   float *gu = (float *)malloc(sizeof(float) * (size_t)B * 2 * inter);
   float *act = (float *)malloc(sizeof(float) * (size_t)B * inter); /* shared SiLU gate rows */
+  float *dn = (float *)malloc(sizeof(float) * (size_t)B * hidden); /* down rows, by columns */
+  atomic_int failed;
+  atomic_init(&failed, 0);
   spin_barrier bar;
   atomic_init(&bar.arrived, 0);
   atomic_init(&bar.phase, 0);
@@ -1081,7 +1091,6 @@ void infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int 
     bar.n = nt; /* the implied barrier publishes it */
     float *x = (float *)malloc(sizeof(float) * (size_t)B * hidden);
     float *res = (float *)malloc(sizeof(float) * (size_t)B * hidden);
-    float *dn = (float *)malloc(sizeof(float) * (size_t)B * hidden);
     float *mine = (float *)malloc(sizeof(float) * (size_t)B * inter);
     float *wf = (float *)aligned_alloc(32, sizeof(float) * FR * (size_t)kmax);
     int n0, n1;
@@ -1105,6 +1114,11 @@ void infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int 
       share(hidden, tid, nt, &n0, &n1);
       fgemm_rows(L->kind_o, att, att_w, B, att_w, L->wo, NULL, n0, n1, o, hidden, wf);
       spin_wait(&bar);
+      if (all_reduce != NULL) {
+        if (tid == 0 && all_reduce(ar_state, o, (int64_t)B * hidden)) atomic_store(&failed, 1);
+        spin_wait(&bar);
+        if (atomic_load(&failed)) break;
+      }
       for (int m = 0; m < B; m++) { /* res = o + h, x = norm(res) */
         int64_t at = (int64_t)m * hidden;
         add_rms_row(o + at, h + at, L->post_norm, res + at, x + at, hidden, eps);
@@ -1115,13 +1129,18 @@ void infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int 
       const float *a = silu_team(gu, B, inter, mine, act, tid, nt, &bar);
       share(hidden, tid, nt, &n0, &n1);
       fgemm_rows(L->kind_down, a, inter, B, inter, L->wdown, NULL, n0, n1, dn, hidden, wf);
+      if (all_reduce != NULL) {
+        spin_wait(&bar);
+        if (tid == 0 && all_reduce(ar_state, dn, (int64_t)B * hidden)) atomic_store(&failed, 1);
+        spin_wait(&bar);
+        if (atomic_load(&failed)) break;
+      }
       for (int m = 0; m < B; m++) /* this thread's columns of h <- res + down */
         for (int j = n0; j < n1; j++) h[(int64_t)m * hidden + j] = res[(int64_t)m * hidden + j] + dn[(int64_t)m * hidden + j];
       spin_wait(&bar);
     }
     free(x);
     free(res);
-    free(dn);
     free(mine);
     free(wf);
   }
@@ -1130,5 +1149,7 @@ void infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int 
   free(o);
   free(gu);
   free(act);
+  free(dn);
+  return atomic_load(&failed) ? -1 : 0;
 }
 

@@ -20,21 +20,32 @@ stores in order and loads in order (TSO), which this relies on, so the segment i
 only (elsewhere, and across hosts, every collective is gloo's). A waiting rank yields its core,
 then sleeps briefly; a peer that has exited (or, after ``TIMEOUT_S``, one that never arrives)
 raises ``RuntimeError`` naming it rather than hanging.
+
+The float32 all-reduce also exists in C (``kernels/infer_cpu_comm.c``, compiled like the other
+native kernels): same segment, same collective counter (``_ShmState.seq``, shared by both), same
+summation order, so both give the same bits and may interleave. ``all_reduce`` uses it for
+float32 tensors when it is built; ``native_all_reduce()`` hands its address and state to the
+CPU decode graph (``infer_cpu.graph``), which calls it between layers without returning to
+Python. ``INFER_CPU_KERNELS=0`` or no C compiler leaves the torch path.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import platform as host_platform
 import socket
 import tempfile
+import threading
 import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from infer.core.ops.comm import ProcessGroupCommunicator
+
+from infer_cpu.native_build import COMM_LIB_NAME, COMM_SOURCE, build, compiler, disabled
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +55,55 @@ _SPIN_YIELDS = 200  # sched_yield()s before sleeping between polls
 _SLEEP_S = 20e-6
 
 
+class _ShmState(ctypes.Structure):
+    """The C ``infer_shm``: where the segment's parts are, and the collective counter."""
+
+    _fields_ = [("arrived", ctypes.c_void_p), ("pids", ctypes.c_void_p), ("data", ctypes.c_void_p),
+                ("slot_bytes", ctypes.c_int64), ("seq", ctypes.c_int64), ("world", ctypes.c_int),
+                ("rank", ctypes.c_int), ("timeout_s", ctypes.c_double), ("error", ctypes.c_int),
+                ("failed_rank", ctypes.c_int)]
+
+
+_PEER_EXITED, _TIMEOUT = 1, 2  # infer_shm.error
+_lib_lock = threading.Lock()
+_lib_state: dict[str, Any] = {}
+
+
+def native_library() -> ctypes.CDLL | None:
+    """``infer_cpu_comm.c`` compiled for this machine, or None (kernels off, no compiler, or a
+    failed build, which is logged)."""
+    with _lib_lock:
+        if "lib" not in _lib_state:
+            lib = None
+            cc = None if disabled() else compiler()
+            if cc is not None:
+                try:
+                    lib = ctypes.CDLL(str(build(cc, COMM_SOURCE, COMM_LIB_NAME)[0]))
+                    lib.infer_shm_all_reduce.argtypes = [ctypes.POINTER(_ShmState),
+                                                         ctypes.c_void_p, ctypes.c_int64]
+                    lib.infer_shm_all_reduce.restype = ctypes.c_int
+                except (OSError, RuntimeError, AttributeError) as e:
+                    log.warning("native shared-memory all-reduce unavailable: %s", e)
+                    lib = None
+            _lib_state["lib"] = lib
+        return _lib_state["lib"]
+
+
 class ShmCommunicator(ProcessGroupCommunicator):
     def __init__(self, world_size: int, rank: int, group: Any = None) -> None:
         super().__init__(world_size, rank, group)
         self._ready = world_size == 1
         self._seg: torch.Tensor | None = None
-        self._seq = 0
+        self._state = _ShmState(world=world_size, rank=rank, timeout_s=TIMEOUT_S)
+
+    @property
+    def _seq(self) -> int:
+        """The last collective through the segment (C and Python share the counter)."""
+        return self._state.seq
+
+    @_seq.setter
+    def _seq(self, value: int) -> None:
+        self._state.seq = value
 
     @property
     def uses_shared_memory(self) -> bool:
@@ -87,6 +141,9 @@ class ShmCommunicator(ProcessGroupCommunicator):
         self._pids[self.rank] = os.getpid()
         self._data = seg[16 * w:].view(2, w, SLOT_BYTES)
         self._seg = seg
+        st = self._state
+        st.arrived, st.pids = header.ctypes.data, header.ctypes.data + 8 * w
+        st.data, st.slot_bytes = self._data.data_ptr(), SLOT_BYTES
         dist.barrier(group=self.group)  # every pid written before the first wait reads them
         log.info("communicator: shared memory (%d ranks on this host)", w)
 
@@ -120,13 +177,44 @@ class ShmCommunicator(ProcessGroupCommunicator):
     def _check_peers(self, seq: int, waited: float) -> None:
         late = [r for r in range(self.world_size) if self._arrived[r] < seq]
         for r in late:
-            pid = int(self._pids[r])
-            if not _alive(pid):
-                raise RuntimeError(f"communicator: rank {r} (pid {pid}) exited during a "
-                                   f"collective; rank {self.rank} cannot go on")
+            if not _alive(int(self._pids[r])):
+                raise RuntimeError(self._exited(r))
         if waited > TIMEOUT_S:
-            raise RuntimeError(f"communicator: ranks {late} did not reach collective {seq} "
-                               f"within {TIMEOUT_S:.0f} s")
+            raise RuntimeError(self._late(late, seq))
+
+    def _exited(self, r: int) -> str:
+        return (f"communicator: rank {r} (pid {int(self._pids[r])}) exited during a collective; "
+                f"rank {self.rank} cannot go on")
+
+    def _late(self, late: list[int], seq: int) -> str:
+        return f"communicator: ranks {late} did not reach collective {seq} within {TIMEOUT_S:.0f} s"
+
+    def native_error(self) -> str:
+        """Why the last native all-reduce failed (after it returned non-zero)."""
+        st = self._state
+        if st.error == _PEER_EXITED:
+            return self._exited(st.failed_rank)
+        if st.error == _TIMEOUT:
+            return self._late([st.failed_rank], st.seq)
+        return f"communicator: native all-reduce failed with code {st.error}"
+
+    # -- the C all-reduce ----------------------------------------------------------------------
+    def native_all_reduce(self) -> tuple[int, int] | None:
+        """(address of ``infer_shm_all_reduce``, address of this communicator's state) for a
+        native caller: ``int fn(state, float *x, int64_t n)`` sums x across the ranks in place
+        and returns non-zero (see ``native_error``) when a peer exited or never came. None when
+        the segment is not used or the C library is not built. Every rank must call this at the
+        same point (the first call sets the segment up, a collective)."""
+        self._setup()
+        lib = native_library()
+        if self._seg is None or lib is None:
+            return None
+        return (ctypes.cast(lib.infer_shm_all_reduce, ctypes.c_void_p).value,
+                ctypes.addressof(self._state))
+
+    def _all_reduce_native(self, lib: ctypes.CDLL, flat: torch.Tensor) -> None:
+        if lib.infer_shm_all_reduce(ctypes.byref(self._state), flat.data_ptr(), flat.numel()):
+            raise RuntimeError(self.native_error())
 
     def _usable(self, x: torch.Tensor) -> bool:
         self._setup()
@@ -139,16 +227,24 @@ class ShmCommunicator(ProcessGroupCommunicator):
         if not self._usable(x) or not x.is_floating_point():
             return super().all_reduce(x)
         flat = x.reshape(-1) if x.is_contiguous() else x.contiguous().view(-1)
-        per = SLOT_BYTES // x.element_size()
-        for a in range(0, flat.numel(), per):
-            part = flat[a:a + per]
-            slots = self._exchange(part.view(torch.uint8)).view(x.dtype)  # [W, n]
-            torch.add(slots[0], slots[1], out=part)
-            for r in range(2, self.world_size):
-                part.add_(slots[r])
+        lib = native_library() if x.dtype == torch.float32 else None
+        if lib is not None:
+            self._all_reduce_native(lib, flat)
+        else:
+            self._all_reduce_torch(flat)
         if flat.data_ptr() != x.data_ptr():
             x.copy_(flat.view(x.shape))
         return x
+
+    def _all_reduce_torch(self, flat: torch.Tensor) -> None:
+        """The segment's all-reduce in torch ops (any floating dtype), in place on ``flat``."""
+        per = SLOT_BYTES // flat.element_size()
+        for a in range(0, flat.numel(), per):
+            part = flat[a:a + per]
+            slots = self._exchange(part.view(torch.uint8)).view(flat.dtype)  # [W, n]
+            torch.add(slots[0], slots[1], out=part)
+            for r in range(2, self.world_size):
+                part.add_(slots[r])
 
     def reduce_scatter(self, x: torch.Tensor) -> torch.Tensor:
         if self.world_size == 1 or not self._usable(x) or not x.is_floating_point():
