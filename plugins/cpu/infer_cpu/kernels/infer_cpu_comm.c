@@ -36,6 +36,7 @@ typedef struct {
   double timeout_s;
   int error;          /* of the last call: 0, INFER_COMM_PEER_EXITED or INFER_COMM_TIMEOUT */
   int failed_rank;    /* the rank that exited, or the first late one */
+  double busy_s;      /* seconds spent in infer_shm_all_reduce so far (waits included) */
 } infer_shm;
 
 enum { INFER_COMM_PEER_EXITED = 1, INFER_COMM_TIMEOUT = 2 };
@@ -101,8 +102,17 @@ static int wait_all(infer_shm *s, int64_t seq) {
   return 0;
 }
 
+static int all_reduce(infer_shm *s, float *x, int64_t n);
+
 /* x [n] float32 <- the sum over ranks of every rank's x [n]; 0, or the error (see above). */
 int infer_shm_all_reduce(infer_shm *s, float *x, int64_t n) {
+  double t0 = now_s();
+  int rc = all_reduce(s, x, n);
+  s->busy_s += now_s() - t0;
+  return rc;
+}
+
+static int all_reduce(infer_shm *s, float *x, int64_t n) {
   s->error = 0;
   if (s->world <= 1) return 0;
   int64_t per = s->slot_bytes / (int64_t)sizeof(float);

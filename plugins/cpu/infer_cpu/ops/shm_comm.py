@@ -61,7 +61,7 @@ class _ShmState(ctypes.Structure):
     _fields_ = [("arrived", ctypes.c_void_p), ("pids", ctypes.c_void_p), ("data", ctypes.c_void_p),
                 ("slot_bytes", ctypes.c_int64), ("seq", ctypes.c_int64), ("world", ctypes.c_int),
                 ("rank", ctypes.c_int), ("timeout_s", ctypes.c_double), ("error", ctypes.c_int),
-                ("failed_rank", ctypes.c_int)]
+                ("failed_rank", ctypes.c_int), ("busy_s", ctypes.c_double)]
 
 
 _PEER_EXITED, _TIMEOUT = 1, 2  # infer_shm.error
@@ -188,6 +188,12 @@ class ShmCommunicator(ProcessGroupCommunicator):
 
     def _late(self, late: list[int], seq: int) -> str:
         return f"communicator: ranks {late} did not reach collective {seq} within {TIMEOUT_S:.0f} s"
+
+    @property
+    def native_seconds(self) -> float:
+        """Time spent in the C all-reduce so far, waiting for the other ranks included, whoever
+        called it (``all_reduce`` or the native decode graph); for benchmarks."""
+        return self._state.busy_s
 
     def native_error(self) -> str:
         """Why the last native all-reduce failed (after it returned non-zero)."""
