@@ -226,3 +226,148 @@ def test_layer_ops_decline_what_they_do_not_take():
     cs = rope_table(8, 4, {"rope_theta": 10000.0})
     assert kb.rope_(torch.tensor([0, 1]), q, q[:, :2], cs, 6) is None  # table width != rotary_dim
     assert kb.rope_(torch.tensor([0, 1], dtype=torch.int32), q, q[:, :2], cs, 8) is None
+
+
+# -- prefill / extend / decode attention over a paged bf16 cache ---------------------------------
+
+def _attention_inputs(seqs: list[tuple[int, int]], heads: int, kv_heads: int, d: int, page: int,
+                      seed: int):
+    from infer.core.testing.batches import make_batch
+
+    g = _gen(seed)
+    batch = make_batch(seqs, page, torch.device("cpu"), g)
+    t = batch.meta.num_tokens
+    shape = (batch.num_pages, page, kv_heads, d)
+    kc, vc = torch.randn(shape, generator=g).bfloat16(), torch.randn(shape, generator=g).bfloat16()
+    # q, k, v as views of one packed qkv row (the model's layout: row stride > heads * d)
+    qkv = torch.randn(t, (heads + 2 * kv_heads) * d, generator=g).bfloat16()
+    q = qkv[:, :heads * d].view(t, heads, d)
+    k = qkv[:, heads * d:(heads + kv_heads) * d].view(t, kv_heads, d)
+    v = qkv[:, (heads + kv_heads) * d:].view(t, kv_heads, d)
+    return batch, q, k, v, kc, vc
+
+
+def _attention_want(batch, q, kc, vc, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 attention of every query row over the (already written) caches: the output and
+    sum_j p_j |v_j| per element (the scale of the kernel's bf16 rounding of p and of the out)."""
+    meta, (_, page, hkv, d) = batch.meta, kc.shape
+    g = q.shape[1] // hkv
+    out = torch.empty(q.shape, dtype=torch.float64)
+    mag = torch.empty(q.shape, dtype=torch.float64)
+    row = 0
+    for i, (n, ext) in enumerate(zip(meta.seq_lens_cpu, meta.extend_lens_cpu, strict=True)):
+        pages = meta.block_tables[i, :-(-n // page)].long()
+        ks = kc[pages].reshape(-1, hkv, d)[:n].double().repeat_interleave(g, 1)  # [n, H, d]
+        vs = vc[pages].reshape(-1, hkv, d)[:n].double().repeat_interleave(g, 1)
+        for t in range(ext):
+            seen = n - ext + t + 1
+            s = torch.einsum("hd,jhd->hj", q[row].double(), ks[:seen]) * scale
+            p = torch.softmax(s, -1)
+            out[row] = torch.einsum("hj,jhd->hd", p, vs[:seen])
+            mag[row] = torch.einsum("hj,jhd->hd", p, vs[:seen].abs())
+            row += 1
+    return out, mag
+
+
+def _run_attention(lib: ctypes.CDLL | None, batch, q, k, v, kc, vc, scale: float) -> torch.Tensor:
+    meta = batch.meta
+    ext = torch.tensor(meta.extend_lens_cpu, dtype=torch.int32)
+    if lib is None:
+        out = kb.paged_attention(q, k, v, kc, vc, meta.slot_mapping, meta.block_tables,
+                                 meta.seq_lens, ext, meta.page_size, scale)
+        assert out is not None
+        return out
+    lib.infer_bf16_set_threads(2)
+    out = torch.empty(q.shape, dtype=torch.bfloat16)
+    bt = meta.block_tables
+    lib.infer_bf16_prefill_attention(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0),
+                                     v.data_ptr(), v.stride(0), kc.data_ptr(), vc.data_ptr(),
+                                     meta.slot_mapping.data_ptr(), q.shape[0], bt.data_ptr(),
+                                     bt.stride(0), meta.seq_lens.data_ptr(), ext.data_ptr(),
+                                     meta.num_seqs, q.shape[1], k.shape[1], q.shape[2],
+                                     meta.page_size, scale, out.data_ptr())
+    return out
+
+
+def _check_attention(seqs, heads, kv_heads, d, page, seed, lib=None, threads=2) -> None:
+    from infer.core.ops.attention import AttentionConfig, write_kv
+    from infer.core.ops.reference.attention import TorchNativeAttention as Reference
+    from infer.core.testing.batches import rel_err
+
+    batch, q, k, v, kc, vc = _attention_inputs(seqs, heads, kv_heads, d, page, seed)
+    scale = 1.0 / (d ** 0.5) * 1.3  # not the default scale: a kernel ignoring it fails
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    write_kv(k, v, kc_ref, vc_ref, batch.meta.slot_mapping)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = _run_attention(lib, batch, q, k, v, kc, vc, scale)
+    finally:
+        torch.set_num_threads(old)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)  # the new k/v, nothing else
+    want, mag = _attention_want(batch, q, kc_ref, vc_ref, scale)
+    # probabilities rounded to bf16 (2^-8 relative each), the output too (2^-8 of |out|)
+    bound = 2.0 ** -8 * (mag + want.abs()) + 1e-6
+    err = (out.double() - want).abs()
+    assert (err <= bound).all(), f"max excess {(err - bound).max().item():.3e}"
+    # and against the core's plain-torch backend (SDPA on the bf16 cache)
+    cfg = AttentionConfig(num_heads=heads, num_kv_heads=kv_heads, head_dim=d, scale=scale,
+                          page_size=page, dtype=torch.bfloat16, kv_dtype=torch.bfloat16,
+                          device=torch.device("cpu"), num_layers=1)
+    ref = Reference(cfg)
+    ref.plan(batch.meta)
+    kc2, vc2 = kc_ref.clone(), vc_ref.clone()
+    assert rel_err(out, ref.forward(q, k, v, kc2, vc2, 0)) < 1e-2
+
+
+ATTN_SEQS = {
+    "prefill": [(0, 17), (0, 5), (0, 33)],
+    "long_prefill_blocks": [(0, 100), (0, 64), (0, 1)],  # several 32-row query blocks, tails
+    "extend_over_prefix": [(12, 9), (40, 23), (3, 1), (37, 70)],
+    "decode": [(30, 1), (7, 1), (64, 1), (0, 1), (19, 1)],
+    "mixed": [(0, 9), (12, 1), (5, 4), (33, 1), (0, 1), (70, 16)],
+}
+
+
+@pytest.mark.parametrize("name", list(ATTN_SEQS))
+@pytest.mark.parametrize("page", [1, 4, 16])
+@pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (4, 4, 16), (6, 1, 7)])
+def test_paged_attention_against_float64_and_the_reference(name, page, heads, kv_heads, d):
+    _check_attention(ATTN_SEQS[name], heads, kv_heads, d, page, seed=hash((name, page, d)) % 1000)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_paged_attention_threads(threads):
+    _check_attention(ATTN_SEQS["extend_over_prefix"], 8, 2, 32, 4, seed=5, threads=threads)
+
+
+@pytest.mark.skipif("avx2" not in open("/proc/cpuinfo").read(), reason="CPU without AVX2")
+@pytest.mark.parametrize("name", ["long_prefill_blocks", "mixed"])
+def test_paged_attention_avx2_path(avx2_lib, name):
+    _check_attention(ATTN_SEQS[name], 6, 2, 24, 4, seed=3, lib=avx2_lib)
+
+
+def test_paged_attention_portable_c_path(portable_lib):
+    _check_attention(ATTN_SEQS["extend_over_prefix"], 4, 2, 15, 4, seed=4, lib=portable_lib)
+
+
+def test_paged_attention_declines_what_it_does_not_take():
+    batch, q, k, v, kc, vc = _attention_inputs([(3, 5)], 4, 2, 16, 4, seed=1)
+    meta = batch.meta
+    ext = torch.tensor(meta.extend_lens_cpu, dtype=torch.int32)
+
+    def call(**kw):
+        args = dict(q=q, k=k, v=v, k_cache=kc, v_cache=vc, slots=meta.slot_mapping,
+                    block_tables=meta.block_tables, seq_lens=meta.seq_lens, ext_lens=ext,
+                    page_size=4, scale=0.25)
+        args.update(kw)
+        return kb.paged_attention(**args)
+
+    assert call() is not None
+    assert call(k_cache=kc.float(), v_cache=vc.float()) is None  # a float32 cache
+    assert call(q=q.float()) is None
+    assert call(ext_lens=ext + 1) is None  # rows do not add up to T
+    assert call(seq_lens=meta.seq_lens - 6) is None  # fewer keys than new rows
+    assert call(slots=meta.slot_mapping.int()) is None
+    assert call(q=q[:, :3]) is None  # 3 query heads do not group over 2 KV heads

@@ -50,6 +50,8 @@ SIGNATURES = {
     "infer_bf16_rms_norm": [_P, _L, _I, _P, _L, _P, _P, _I, _P, _I, _I, _F],
     "infer_bf16_rope": [_P, _P, _L, _I, _P, _L, _I, _I, _I, _I, _P],
     "infer_bf16_silu_mul": [_P, _L, _P, _I, _I],
+    "infer_bf16_prefill_attention": [_P, _L, _P, _L, _P, _L, _P, _P, _P, _I, _P, _L, _P, _P, _I,
+                                     _I, _I, _I, _I, _F, _P],
 }
 
 _lock = threading.Lock()
@@ -239,4 +241,42 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor | None:
     t, i = x.shape[0], x.shape[1] // 2
     out = torch.empty(t, i, dtype=_BF)
     lib.infer_bf16_silu_mul(x.data_ptr(), x.stride(0), out.data_ptr(), t, i)
+    return out
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
+                    seq_lens: torch.Tensor, ext_lens: torch.Tensor, page_size: int,
+                    scale: float) -> torch.Tensor | None:
+    """Write bf16 k/v [T, Hkv, D] at ``slots`` of the bf16 caches [P, page, Hkv, D], then attend
+    q [T, H, D] (bf16): sequence i's ``ext_lens[i]`` query rows (packed in order) sit at the last
+    positions of its ``seq_lens[i]`` keys and each sees the keys up to its own position. Returns
+    [T, H, D] bf16, or None when the inputs do not fit the kernel."""
+    lib = lib_for_call()
+    if (lib is None or not (_bf16_heads(q) and _bf16_heads(k) and _bf16_heads(v))
+            or k_cache.dtype != _BF or v_cache.dtype != _BF
+            or not (k_cache.is_contiguous() and v_cache.is_contiguous())
+            or k_cache.shape != v_cache.shape or k_cache.dim() != 4
+            or tuple(k_cache.shape[2:]) != tuple(k.shape[1:]) or k.shape != v.shape
+            or q.shape[2] != k.shape[2] or q.shape[1] % k.shape[1]
+            or q.shape[0] != k.shape[0] or slots.shape != (q.shape[0],)
+            or slots.dtype != torch.int64 or block_tables.dtype != torch.int32
+            or seq_lens.dtype != torch.int32 or ext_lens.dtype != torch.int32
+            or block_tables.dim() != 2 or block_tables.stride(1) != 1
+            or not (slots.is_contiguous() and seq_lens.is_contiguous() and ext_lens.is_contiguous())
+            or len(seq_lens) != len(ext_lens) or len(seq_lens) != block_tables.shape[0]
+            or any(t.device.type != "cpu" for t in (k_cache, v_cache, slots, block_tables,
+                                                    seq_lens, ext_lens))
+            or int(ext_lens.sum()) != q.shape[0] or bool((seq_lens < ext_lens).any())):
+        return None
+    t, h, d = q.shape
+    out = torch.empty(t, h, d, dtype=_BF)
+    if t == 0:
+        return out
+    lib.infer_bf16_prefill_attention(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0),
+                                     v.data_ptr(), v.stride(0), k_cache.data_ptr(),
+                                     v_cache.data_ptr(), slots.data_ptr(), t,
+                                     block_tables.data_ptr(), block_tables.stride(0),
+                                     seq_lens.data_ptr(), ext_lens.data_ptr(), len(seq_lens), h,
+                                     k.shape[1], d, page_size, float(scale), out.data_ptr())
     return out

@@ -427,6 +427,148 @@ static void attend_unit(const bf16_attn *a, int u, float *s, float *o) {
   for (int i = 0; i < G * D; i++) dst[i] = f32_to_bf16(o[i]);
 }
 
+/* ---- prefill / extend attention over a paged bf16 cache (the per-op path's backend) ----
+ * Sequence s has ext_lens[s] query rows (packed after the previous sequences' rows) at positions
+ * prefix .. seq_len - 1, prefix = seq_lens[s] - ext_lens[s]; row t sees keys 0 .. prefix + t.
+ * A work unit is (sequence, KV head g, block of up to QB query rows): the keys it needs
+ * (0 .. prefix + t1 - 1) are packed once into the GEMM's pair layout (K as a weight of N = keys
+ * columns over D, V^T as a weight of D columns over keys), then the group's G heads x rows go
+ * through the bf16 GEMM twice: scores = q K^T (float32), masked and softmaxed per row in float32,
+ * the probabilities rounded to bf16, out = p V (float32 sums, rounded to bf16). */
+#define QB 32
+
+typedef struct {
+  const bf16 *q; /* [T, q_stride]: head h of row t at q + t q_stride + h D */
+  int64_t q_stride;
+  const bf16 *k_cache, *v_cache; /* [pages, page, Hkv, D] */
+  const int32_t *block_tables;
+  int64_t bt_stride;
+  const int32_t *seq_lens, *ext_lens, *row0; /* per sequence; row0: its first packed row */
+  bf16 *out;                                 /* [T, H * D] */
+  int H, Hkv, D, page;
+  float scale;
+} bf16_prefill;
+
+/* Scratch of one thread, grown as units need it. */
+typedef struct {
+  bf16 *kp, *vp;
+  act_t *qa, *pa;
+  float *s, *o;
+  size_t kp_n, vp_n, qa_n, pa_n, s_n, o_n;
+} pf_scratch;
+
+static void *grow(void *p, size_t *have, size_t need, size_t elem) {
+  if (need <= *have) return p;
+  free(p);
+  *have = need;
+  return malloc(need * elem);
+}
+
+static void prefill_unit(const bf16_prefill *a, int seq, int g, int t0, int t1, pf_scratch *w) {
+  int D = a->D, G = a->H / a->Hkv, D2 = (D + 1) / 2, ext = a->ext_lens[seq];
+  int prefix = a->seq_lens[seq] - ext, L = prefix + t1, L2 = (L + 1) / 2, qn = t1 - t0;
+  int NBk = (L + CB - 1) / CB, NBd = (D + CB - 1) / CB, M = qn * G;
+  int64_t row = (int64_t)a->Hkv * D;
+  const int32_t *bt = a->block_tables + (int64_t)seq * a->bt_stride;
+  w->kp = (bf16 *)grow(w->kp, &w->kp_n, (size_t)NBk * D2 * 32, sizeof(bf16));
+  w->vp = (bf16 *)grow(w->vp, &w->vp_n, (size_t)NBd * L2 * 32, sizeof(bf16));
+  w->qa = (act_t *)grow(w->qa, &w->qa_n, (size_t)M * 2 * D2, sizeof(act_t));
+  w->pa = (act_t *)grow(w->pa, &w->pa_n, (size_t)M * 2 * L2, sizeof(act_t));
+  w->s = (float *)grow(w->s, &w->s_n, (size_t)M * L, sizeof(float));
+  w->o = (float *)grow(w->o, &w->o_n, (size_t)M * D, sizeof(float));
+  memset(w->kp, 0, sizeof(bf16) * (size_t)NBk * D2 * 32);
+  memset(w->vp, 0, sizeof(bf16) * (size_t)NBd * L2 * 32);
+  for (int j = 0; j < L; j++) { /* key j: K column j, V^T k index j */
+    int64_t slot = (int64_t)bt[j / a->page] * a->page + j % a->page;
+    const bf16 *kr = a->k_cache + slot * row + (int64_t)g * D;
+    const bf16 *vr = a->v_cache + slot * row + (int64_t)g * D;
+    bf16 *kd = w->kp + ((int64_t)(j / CB) * D2 * CB + j % CB) * 2;
+    for (int d = 0; d < D; d++) kd[(int64_t)(d / 2) * 32 + (d & 1)] = kr[d];
+    bf16 *vd = w->vp + (int64_t)(j / 2) * 32 + (j & 1);
+    for (int d = 0; d < D; d++) vd[(int64_t)(d / CB) * L2 * 32 + (d % CB) * 2] = vr[d];
+  }
+  /* rows r = tt * G + hh: query head g G + hh of row t0 + tt */
+  for (int tt = 0; tt < qn; tt++)
+    for (int hh = 0; hh < G; hh++)
+      act_row(a->q + (int64_t)(a->row0[seq] + t0 + tt) * a->q_stride + (int64_t)(g * G + hh) * D, 1,
+              D, w->qa + (int64_t)(tt * G + hh) * 2 * D2);
+  gemm_blocks(w->qa, 2 * D2, M, D2, w->kp, NULL, L, 0, NBk, w->s, L, 0);
+  for (int r = 0; r < M; r++) {
+    int seen = prefix + t0 + r / G + 1; /* causal: keys 0 .. own position */
+    float *sr = w->s + (int64_t)r * L, mx = -INFINITY, sum = 0.f;
+    for (int j = 0; j < seen; j++) {
+      sr[j] *= a->scale;
+      mx = sr[j] > mx ? sr[j] : mx;
+    }
+    for (int j = 0; j < seen; j++) sum += (sr[j] = expf(sr[j] - mx));
+    float inv = 1.f / sum;
+    act_t *pr = w->pa + (int64_t)r * 2 * L2;
+    for (int j = 0; j < seen; j++)
+#ifdef BF16_DP
+      pr[j] = f32_to_bf16(sr[j] * inv);
+#else
+      pr[j] = bf16_to_f32(f32_to_bf16(sr[j] * inv));
+#endif
+    for (int j = seen; j < 2 * L2; j++) pr[j] = 0;
+  }
+  gemm_blocks(w->pa, 2 * L2, M, L2, w->vp, NULL, D, 0, NBd, w->o, D, 0);
+  for (int tt = 0; tt < qn; tt++)
+    for (int hh = 0; hh < G; hh++) {
+      bf16 *dst = a->out + (int64_t)(a->row0[seq] + t0 + tt) * a->H * D + (int64_t)(g * G + hh) * D;
+      const float *src = w->o + (int64_t)(tt * G + hh) * D;
+      for (int d = 0; d < D; d++) dst[d] = f32_to_bf16(src[d]);
+    }
+}
+
+/* Write k, v [T, Hkv, D] (row strides k_stride, v_stride) at slots [T] of the bf16 caches, then
+ * attend every query row of every sequence (above). out [T, H, D] bf16, contiguous. */
+void infer_bf16_prefill_attention(const bf16 *q, int64_t q_stride, const bf16 *k, int64_t k_stride,
+                                  const bf16 *v, int64_t v_stride, bf16 *k_cache, bf16 *v_cache,
+                                  const int64_t *slots, int T, const int32_t *block_tables,
+                                  int64_t bt_stride, const int32_t *seq_lens,
+                                  const int32_t *ext_lens, int n_seqs, int H, int Hkv, int D,
+                                  int page, float scale, bf16 *out) {
+  int64_t row = (int64_t)Hkv * D;
+  for (int t = 0; t < T; t++) {
+    memcpy(k_cache + slots[t] * row, k + (int64_t)t * k_stride, sizeof(bf16) * (size_t)row);
+    memcpy(v_cache + slots[t] * row, v + (int64_t)t * v_stride, sizeof(bf16) * (size_t)row);
+  }
+  int32_t *row0 = (int32_t *)malloc(sizeof(int32_t) * (size_t)(n_seqs + 1));
+  int32_t *unit0 = (int32_t *)malloc(sizeof(int32_t) * (size_t)(n_seqs + 1));
+  row0[0] = unit0[0] = 0;
+  for (int s = 0; s < n_seqs; s++) {
+    row0[s + 1] = row0[s] + ext_lens[s];
+    unit0[s + 1] = unit0[s] + Hkv * ((ext_lens[s] + QB - 1) / QB);
+  }
+  bf16_prefill a = {q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, ext_lens,
+                    row0, out, H, Hkv, D, page, scale};
+  int units = unit0[n_seqs], nt = g_threads < units ? g_threads : units;
+  (void)nt;
+#pragma omp parallel num_threads(nt)
+  {
+    pf_scratch w;
+    memset(&w, 0, sizeof w);
+    /* the last query blocks see the most keys: hand them out first */
+#pragma omp for schedule(dynamic, 1)
+    for (int u = units - 1; u >= 0; u--) {
+      int s = 0;
+      while (unit0[s + 1] <= u) s++;
+      int i = u - unit0[s], nqb = (ext_lens[s] + QB - 1) / QB, qb = i / Hkv, g = i % Hkv;
+      int t0 = qb * QB, t1 = t0 + QB < ext_lens[s] ? t0 + QB : ext_lens[s];
+      (void)nqb;
+      prefill_unit(&a, s, g, t0, t1, &w);
+    }
+    free(w.kp);
+    free(w.vp);
+    free(w.qa);
+    free(w.pa);
+    free(w.s);
+    free(w.o);
+  }
+  free(row0);
+  free(unit0);
+}
+
 /* ---- row ops of the decode step (float32 residual stream) ---- */
 
 /* o = w * x / sqrt(mean(x^2) + eps) -> the next GEMM's activation row. */

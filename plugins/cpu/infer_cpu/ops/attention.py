@@ -6,8 +6,15 @@ decode row is one query per sequence; a prefill or extend row t of sequence i is
 sees the first ``prefix_len_i + t + 1`` keys. Each row's arithmetic depends only on its query and
 those keys (keys reduced in a fixed order), never on how the sequence was split into prefill,
 extend and decode steps or batched with others, so cached, chunked and batched requests get the
-same bits. Any input the kernel declines, and every other cache dtype, runs the reference
-(``infer.core.ops.reference.attention``), which the kernel is tested against.
+same bits.
+
+A bf16 cache runs ``infer_cpu.kernels.bf16.paged_attention`` (the bf16 models' per-op path:
+prefill, extend over a cached prefix, and decode when the graph is off): one call per layer
+writes the new k/v and attends per (sequence, KV head, block of query rows) with the bf16 GEMM
+(scores and probabilities as SDPA on bf16 inputs computes them, up to float32 summation order).
+
+Any input a kernel declines, and every other cache dtype, runs the reference
+(``infer.core.ops.reference.attention``), which the kernels are tested against.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from infer.core.ops.attention import AttentionConfig, AttentionMetadata
 from infer.core.ops.reference.attention import TorchNativeAttention as ReferenceAttention
 
 from infer_cpu import kernels
+from infer_cpu.kernels import bf16 as kb
 
 
 class TorchNativeAttention(ReferenceAttention):
@@ -31,9 +39,18 @@ class TorchNativeAttention(ReferenceAttention):
         return (self.config.kv_dtype == torch.float32 and self.config.device.type == "cpu"
                 and kernels.load() is not None)
 
+    def _bf16_fits(self) -> bool:
+        return (self.config.kv_dtype == torch.bfloat16 and self.config.device.type == "cpu"
+                and kb.load() is not None)
+
     def plan(self, meta: AttentionMetadata) -> None:
         self._native = self._kernel_fits()
-        if self._native:
+        self._bf16 = not self._native and self._bf16_fits()
+        if self._bf16:
+            self.meta = meta
+            self._ext = torch.tensor(meta.extend_lens_cpu, dtype=torch.int32)
+            self._seq = torch.tensor(meta.seq_lens_cpu, dtype=torch.int32)
+        elif self._native:
             self.meta = meta  # the reference's plans are made only if the kernel declines
             self._rows = self._query_rows(meta)
         else:
@@ -58,7 +75,15 @@ class TorchNativeAttention(ReferenceAttention):
         """q [T, H, D], k/v [T, Hkv, D], caches [P, page, Hkv, D] -> [T, H, D]."""
         meta = self.meta
         assert meta is not None, "plan() must run before forward()"
-        if self._native:
+        if self._bf16:
+            out = kb.paged_attention(q, k, v, k_cache, v_cache, meta.slot_mapping,
+                                     meta.block_tables, self._seq, self._ext, meta.page_size,
+                                     self.config.scale)
+            if out is not None:
+                return out
+            self._bf16 = False  # inputs the kernel does not take: the reference, this step
+            super().plan(meta)
+        elif self._native:
             tables, seen = self._rows
             out = kernels.paged_decode(q, k, v, k_cache, v_cache, meta.slot_mapping, tables, seen,
                                        meta.page_size, self.config.scale)
