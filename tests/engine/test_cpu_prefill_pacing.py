@@ -1,0 +1,56 @@
+"""The CPU platform's scheduling defaults (``infer_cpu.probe``): 512-token prefill chunks mixed
+with the running decodes, so that with many prompts at once the first tokens come out request by
+request instead of all after one long prefill; explicit settings win, and combinations the
+defaults cannot join (speculative decoding, pipeline stages, a page size 512 is not a multiple
+of) keep the core's defaults."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import random_prompts
+from infer.core.config import ServerArgs
+from infer.core.config.gate import run_gate
+from infer_cpu.probe import CPU_PREFILL_CHUNK
+
+
+def _gated(**flags):
+    args = ServerArgs(model_path="unused", **flags)
+    run_gate(args)
+    return args
+
+
+def test_cpu_defaults_applied_when_unset():
+    args = _gated()
+    assert args.chunked_prefill_size == CPU_PREFILL_CHUNK
+    assert args.enable_mixed_chunk is True
+    assert not args.is_set("chunked_prefill_size") and not args.is_set("enable_mixed_chunk")
+
+
+@pytest.mark.parametrize("flags, chunk, mixed", [
+    ({"chunked_prefill_size": 4096}, 4096, True),                 # the user's chunk wins
+    ({"enable_mixed_chunk": False}, CPU_PREFILL_CHUNK, False),    # and their mixing choice
+    ({"page_size": 48}, None, True),                              # 512 % 48 != 0: core default
+    ({"pp_size": 2, "disable_overlap_schedule": True}, CPU_PREFILL_CHUNK, False),
+])
+def test_explicit_and_incompatible_settings_keep_theirs(flags, chunk, mixed):
+    args = _gated(**flags)
+    assert args.chunked_prefill_size == chunk
+    assert bool(args.enable_mixed_chunk) is mixed
+
+
+def test_first_tokens_come_out_request_by_request(make_core):
+    """Four 300-token prompts at once: the first step prefills one whole prompt and part of the
+    next (512 tokens), so one request has its first token after step 1; in step 2 that request
+    decodes while the rest of the second prompt, the third and part of the fourth prefill."""
+    core = make_core()
+    assert core.cfg.scheduler.chunked_prefill_size == CPU_PREFILL_CHUNK
+    prompts = random_prompts(4, seed=7, lo=300, hi=301)
+    for i, p in enumerate(prompts):
+        core.add_request(core.make_request(f"r{i}", p, {"max_new_tokens": 4, "temperature": 0,
+                                                        "ignore_eos": True}))
+    firsts = [{o.rid: len(o.new_token_ids) for o in core.step() if o.new_token_ids}
+              for _ in range(2)]
+    assert firsts[0] == {"r0": 1}
+    assert firsts[1] == {"r0": 1, "r1": 1, "r2": 1}  # r0's decode rode along with the prefills
+    while core.has_work():
+        core.step()
