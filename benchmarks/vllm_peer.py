@@ -16,7 +16,11 @@ transformers (``bf16_folder``); infer bf16 serves that same folder. Then:
 
 Per round and server: start-up time (process start -> /v1/models answers), a warm-up request,
 ``infer bench serving`` (random ids, 128 in / 128 out) at each concurrency, the peak RSS of the
-server's process tree while it ran, and the load average before and after each command. Results
+server's process tree while it ran, and the load average before and after each command. For each
+infer server, right after its serving rows, the same requests at the highest concurrency go
+through the engine alone (``infer bench offline`` with that many running requests, same model and
+flags, no HTTP, no IPC, no detokenization): the server's share of that is its serving overhead
+(issue 14 asks for >= 90 %). Results
 go to benchmarks/out/vllm_peer.json and between the cpu-vllm markers of benchmarks/RESULTS.md.
 """
 
@@ -163,6 +167,30 @@ def bench(url: str, tokenizer: str, conc: int, prompts: int, lens: tuple[int, in
     return res
 
 
+def offline(cmd: list[str], conc: int, prompts: int, lens: tuple[int, int], out: Path,
+            log: list) -> dict:
+    """The engine alone over the requests a serving row sent (``infer bench offline``, at most
+    ``conc`` running): the reference for the server's overhead. ``cmd``: the server command."""
+    model = cmd[cmd.index("--model-path") + 1]
+    extra = cmd[cmd.index("--model-path") + 2:]
+    extra = [a for i, a in enumerate(extra) if a != "--port" and (i == 0 or extra[i - 1] != "--port")]
+    bench_cmd = ["infer", "bench", "offline", "--model-path", model, *extra, "--num-prompts",
+                 str(prompts), "--input-len", str(lens[0]), "--output-len", str(lens[1]),
+                 "--max-running-requests", str(conc), "--result-file", str(out)]
+    before, t = load_avg(), time.time()
+    proc = subprocess.run(bench_cmd, capture_output=True, text=True, timeout=3600)
+    entry = {"cmd": " ".join(bench_cmd), "rc": proc.returncode, "load_before": before,
+             "load_after": load_avg(), "wall_s": round(time.time() - t, 1)}
+    log.append(entry)
+    print(f"[{entry['load_after']}] offline: rc {proc.returncode} {proc.stderr.strip()[-300:]}",
+          flush=True)
+    if proc.returncode != 0 or not out.exists():
+        return {}
+    res = json.loads(out.read_text())["results"][0]
+    res["load_before"], res["load_after"] = entry["load_before"], entry["load_after"]
+    return res
+
+
 def run(args: argparse.Namespace) -> dict:
     from run_cpu import free_port
 
@@ -177,8 +205,10 @@ def run(args: argparse.Namespace) -> dict:
     if getattr(args, "merge", False) and prev.exists():  # more rounds on an earlier run
         old = json.loads(prev.read_text())
         rows, log = old["rows"], old["log"]
+        offline_rows = old.get("offline", [])
         first = 1 + max((r["round"] for r in rows), default=-1)
-    summary: dict = {"rows": rows, "log": log, "args": {}}
+    offline_rows: list[dict] = []
+    summary: dict = {"rows": rows, "log": log, "args": {}, "offline": offline_rows}
     prompts = dict(zip(args.concurrency_levels, args.prompts or [PROMPTS.get(c, 2 * c)
                                                                  for c in args.concurrency_levels],
                        strict=True))
@@ -208,7 +238,13 @@ def run(args: argparse.Namespace) -> dict:
             for r in rows:
                 if r["server"] == name and r["round"] == rnd:
                     r["peak_rss_bytes"] = info["peak_rss_bytes"]
-            summary = {"rows": rows, "log": log,
+            if name != VLLM:  # the same requests through the engine alone
+                conc = max(args.concurrency_levels)
+                res = offline(cmd, conc, prompts[conc], (args.input_len, args.output_len),
+                              args.out / f"{tag}_offline_c{conc}_r{rnd}.json", log)
+                if res:
+                    offline_rows.append({**res, "server": name, "round": rnd, "clients": conc})
+            summary = {"rows": rows, "log": log, "offline": offline_rows,
                        "args": {**{k: str(v) for k, v in vars(args).items()},
                                 "rounds": 1 + max(r["round"] for r in rows)}}
             # after every server, so an interrupted run can still be rendered (--report-only)
@@ -258,6 +294,7 @@ def render(summary: dict) -> str:
                 f"{r['ttft']['median_ms']:.0f} | {ttft} | {r['itl']['median_ms']:.1f} | "
                 f"{r['load_s']:.0f} | {r.get('peak_rss_bytes', 0) / 2**20:.0f} | "
                 f"{r['load_before']} -> {r['load_after']} |")
+    lines += overhead_lines(summary)
     errors = [r for r in rows if "error" in r]
     if errors:
         lines += ["", "Failed starts: " + "; ".join(f"{r['server']} round {r['round']}: "
@@ -270,6 +307,31 @@ def render(summary: dict) -> str:
     lines += [f"- `{e['cmd']}` rc {e['rc']}, {e['wall_s']} s, load {e['load_before']} -> "
               f"{e['load_after']}" for e in summary["log"]]
     return "\n".join([*lines, END])
+
+
+def overhead_lines(summary: dict) -> list[str]:
+    """Server at the highest concurrency vs the engine alone over the same requests."""
+    best_off: dict[str, dict] = {}
+    for r in summary.get("offline", []):
+        if r["server"] not in best_off or r["output_throughput"] > best_off[r["server"]]["output_throughput"]:
+            best_off[r["server"]] = r
+    if not best_off:
+        return []
+    best = best_rows(summary["rows"])
+    lines = ["", "Serving overhead: the server at the highest concurrency against the engine alone "
+             "(`infer bench offline`, as many running requests, the same number of requests and "
+             "lengths; best round of each):", "",
+             "| server | clients | server out tok/s | engine alone out tok/s | server / engine | "
+             "load avg (engine run) |", "| --- | --- | --- | --- | --- | --- |"]
+    for name, off in best_off.items():
+        srv = best.get((name, off["clients"]))
+        if srv is None:
+            continue
+        lines.append(f"| {name} | {off['clients']} | {srv['output_throughput']:.1f} | "
+                     f"{off['output_throughput']:.1f} | "
+                     f"{srv['output_throughput'] / off['output_throughput']:.2f} | "
+                     f"{off['load_before']} -> {off['load_after']} |")
+    return lines
 
 
 def plot(summary: dict, path: Path) -> None:
