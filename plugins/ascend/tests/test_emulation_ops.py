@@ -357,3 +357,21 @@ def test_graph_update_changes_captured_lengths(tnpu):
         pass
     with pytest.raises(RuntimeError, match="auto_dispatch_capture"):
         plain.update(cpu_update_input=[])
+
+
+def test_gating_top_k_softmax_values_ids_row_order_and_finished(tnpu):
+    """softmax then top k (no renormalisation), int32 expert ids, row_idx numbered column-major
+    (j * N + i), finished rows get expert E."""
+    x = torch.tensor([[1.0, 3.0, 2.0, 0.0], [0.5, 0.1, 0.2, 4.0], [2.0, 2.5, -1.0, 0.0]])
+    y, ids, rows = tnpu.npu_moe_gating_top_k_softmax(x, None, k=2)
+    p = torch.softmax(x, -1)
+    assert ids.dtype == torch.int32 and ids.tolist() == [[1, 2], [3, 0], [1, 0]]
+    torch.testing.assert_close(y, torch.stack([p[0, [1, 2]], p[1, [3, 0]], p[2, [1, 0]]]))
+    assert y.sum(-1).lt(1).all()  # not renormalised
+    assert rows.tolist() == [[0, 3], [1, 4], [2, 5]]
+    _, fid, _ = tnpu.npu_moe_gating_top_k_softmax(x, torch.tensor([False, True, False]), k=2)
+    assert fid[1].tolist() == [4, 4] and fid[0].tolist() == [1, 2]
+    yh, _, _ = tnpu.npu_moe_gating_top_k_softmax(x.half(), None, k=1)
+    assert yh.dtype == torch.float16
+    with pytest.raises(ValueError, match="k must"):
+        tnpu.npu_moe_gating_top_k_softmax(x, None, k=5)

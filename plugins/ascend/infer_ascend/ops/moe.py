@@ -14,6 +14,11 @@ One step, T tokens routed to k experts each (topk_ids [T, k], weights [T, k]):
   4. ``npu_moe_finalize_routing`` (drop_pad_mode 2: the index is row-major, t*k + j): the
      weighted sum of each token's k rows.
 
+Routing: ``select_experts`` is softmax top-k routing on ``npu_moe_gating_top_k_softmax`` (with the
+k weights renormalised to sum to 1 when the model asks). The core's MoE layer routes in plain
+torch and does not call it yet (core/model/layers/moe.py has no runner routing hook); it is
+checked against that routing in tests/test_ops.py.
+
 Expert parallelism is the core's MoE layer's (core/model/layers/moe.py): with ep > 1 it hands
 this runner the assignments routed to this rank's experts (local ids, k = 1) and all-reduces the
 partial outputs through the platform's communicator (HCCL here).
@@ -57,3 +62,13 @@ class AscendMoERunner(MoERunner):
             group_list_type=1)[0]  # [T*k, D]
         return torch_npu.npu_moe_finalize_routing(
             down, None, None, None, topk_weights.to(down.dtype), row_idx, ids, drop_pad_mode=2)
+
+    def select_experts(self, router_logits: torch.Tensor, top_k: int,
+                       renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """router_logits [T, E] -> (weights float32 [T, k], expert ids int32 [T, k]): softmax,
+        top k, optionally renormalised (Mixtral; Qwen3-MoE with norm_topk_prob)."""
+        weights, ids, _ = torch_npu.npu_moe_gating_top_k_softmax(router_logits, None, k=top_k)
+        weights = weights.float()
+        if renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights, ids

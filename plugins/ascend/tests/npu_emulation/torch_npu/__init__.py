@@ -14,7 +14,12 @@ import torch
 from . import npu
 from ._attention import _npu_reshape_and_cache, npu_fused_infer_attention_score
 from ._layer import _npu_rotary_embedding, npu_add_rms_norm, npu_rms_norm, npu_swiglu
-from ._moe import npu_grouped_matmul, npu_moe_finalize_routing, npu_moe_init_routing_v2
+from ._moe import (
+    npu_grouped_matmul,
+    npu_moe_finalize_routing,
+    npu_moe_gating_top_k_softmax,
+    npu_moe_init_routing_v2,
+)
 from ._quant import (
     npu_dynamic_quant,
     npu_quant_matmul,
@@ -29,7 +34,7 @@ EMULATED = True
 __all__ = [
     "_npu_reshape_and_cache", "_npu_rotary_embedding", "npu", "npu_add_rms_norm",
     "npu_dynamic_quant", "npu_fused_infer_attention_score", "npu_grouped_matmul",
-    "npu_moe_finalize_routing", "npu_moe_init_routing_v2", "npu_quant_matmul", "npu_quantize",
+    "npu_moe_finalize_routing", "npu_moe_gating_top_k_softmax", "npu_moe_init_routing_v2", "npu_quant_matmul", "npu_quantize",
     "npu_rms_norm", "npu_swiglu", "npu_trans_quant_param", "npu_weight_quant_batchmatmul",
 ]
 

@@ -138,3 +138,28 @@ def npu_moe_finalize_routing(expanded_permuted_rows: torch.Tensor, skip1, skip2,
         if skip is not None:
             out = out + skip.float()
     return out.to(expanded_permuted_rows.dtype)
+
+
+@recorded()
+def npu_moe_gating_top_k_softmax(x: torch.Tensor, finished: torch.Tensor | None = None,
+                                 k: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Softmax over the last axis, then its top k: y (x's dtype) [.., k], expert_idx int32
+    [.., k] (a row whose ``finished`` is True gets the expert number E, x's last-axis size), and
+    row_idx int32 with row_idx[i, j] = j * N + i (arange(N * k) laid out [k, N], transposed: the
+    column-major numbering npu_moe_init_routing v1 takes). No renormalisation of the k values.
+    Document: hiascend.com "torch_npu.npu_moe_gating_top_k_softmax" and CANN
+    "aclnnMoeGatingTopKSoftmax" (its formula). Emulated for 2-D x; ties go to the lower expert
+    index (torch.topk's order), which only the device can confirm."""
+    dtype_in("x", x, FLOATS)
+    need(x.dim() == 2, "emulation covers 2-D x [N, E]")
+    need(isinstance(k, int) and 0 < k <= min(x.shape[-1], 1024), "k must be in (0, E], <= 1024")
+    probs = torch.softmax(x.float(), dim=-1)
+    y, idx = torch.topk(probs, k, dim=-1)
+    idx = idx.to(torch.int32)
+    if finished is not None:
+        dtype_in("finished", finished, (torch.bool,))
+        need(finished.shape == x.shape[:-1], "finished must have x's shape without its last axis")
+        idx[finished] = x.shape[-1]
+    n = x.shape[0]
+    row_idx = torch.arange(n * k, dtype=torch.int32).view(k, n).t().contiguous()
+    return y.to(x.dtype), idx, row_idx
