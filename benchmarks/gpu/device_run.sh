@@ -9,6 +9,10 @@
 # `decode-fp8`: the same A/B with --quantization fp8 --kv-cache-dtype fp8_e4m3.
 # `profile`: the kernel-level breakdown of a compiled decode step. Each call must end within the
 # device tool's 10 minutes: `tests gemv`, then `decode`, then `decode-fp8 profile`.
+# `parallel`: the pending multi-GPU checks of issue 15 (NCCL collectives replayed inside a CUDA
+# graph; tp=2 with CUDA graphs = tp=2 eager = one rank; the graph runner's capture order under
+# tp), which skip with fewer than two GPUs (reported by -rs). The matrix row stays experimental on
+# CUDA until this has passed on a multi-GPU machine.
 set -u
 OUT=${OUT:-/tmp/infer-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -68,6 +72,11 @@ decode_ab() {
 if [[ " $SECTIONS " == *" decode "* ]]; then decode_ab decode; fi
 if [[ " $SECTIONS " == *" decode-fp8 "* ]]; then
   decode_ab decode_fp8 --quantization fp8 --kv-cache-dtype fp8_e4m3
+fi
+if [[ " $SECTIONS " == *" parallel "* ]]; then
+  nvidia-smi -L | tee "$OUT/parallel_gpus.txt"
+  timeout ${PARALLEL_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rs \
+    tests/parallel/test_nccl_comm.py tests/parallel/test_cuda_graph_tp.py 2>&1 | tee "$OUT/parallel_pytest.log" | tail -12
 fi
 if [[ " $SECTIONS " == *" profile "* ]]; then
   (cd benchmarks/gpu && timeout ${PROFILE_TIMEOUT:-200} python3 profile_kernels.py --enable-torch-compile \

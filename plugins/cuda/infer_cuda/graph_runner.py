@@ -27,6 +27,15 @@ the host), else start-up fails with an error naming the flag.
 All graphs share one memory pool; the extend graphs (bigger) are captured first, each kind
 largest first, so smaller graphs reuse the larger ones' freed activations.
 
+Tensor parallelism: every rank captures its shard's forward, the communicator's collectives
+included (``infer_cuda.ops.comm``: NCCL kernels issued on the capturing stream, so a replay runs
+the all-reduces inside the graph with no host round trip, as vLLM's pynccl and SGLang's graphs
+do). Before the first capture the runner calls ``comm.warmup()`` (NCCL sets its communicator up
+on the first collective, which must not happen while capturing). The ranks capture the same
+sizes in the same order (they come from the same flags) and the warm-up forwards before each
+capture run their collectives eagerly, so the ranks meet in every one of them; every rank then
+replays the graph of the same size on the same step (the same batch reaches every rank).
+
 Settings: ``--cuda-graph-bs`` (explicit sizes) or ``--cuda-graph-max-bs`` (default 128),
 ``--disable-cuda-graph-padding`` (replay only exact sizes / token buckets, else run eagerly).
 ``--piecewise-cuda-graph-tokens`` (explicit buckets) or buckets up to
@@ -231,10 +240,17 @@ class CudaGraphRunner(GraphRunner):
             logits = model(fwd)  # [rows, V]
         return graph, logits
 
+    def _warm_communicator(self) -> None:
+        """Under tensor parallelism: set the communicator up before anything is captured."""
+        ctx = getattr(getattr(self.mr, "loaded", None), "ctx", None)
+        if ctx is not None and getattr(ctx, "tp_size", 1) > 1:
+            ctx.comm.warmup()
+
     @torch.inference_mode()
     def capture(self) -> None:
         if not self.enabled and not self.ext_buckets:
             return
+        self._warm_communicator()
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
         for n in sorted(self.ext_buckets, reverse=True):  # the eager forward, never compiled

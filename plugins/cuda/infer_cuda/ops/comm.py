@@ -8,6 +8,10 @@ without a host round trip. NCCL creates its communicator lazily on the first col
 must not happen during capture: ``warmup`` (called by a graph runner before it captures) runs
 one all-reduce and one all-gather eagerly. Single-tensor all-gather and reduce-scatter
 (``*_into_tensor`` / ``reduce_scatter_tensor``) use one output buffer instead of world_size.
+
+Under ``--enable-torch-compile`` the collectives are left out of tracing (``torch.compiler.disable``,
+as the Triton attention and MoE launchers are): Dynamo breaks the graph around them and they run
+as the eager code above, which the CUDA graph then records like any other kernel launch.
 """
 
 from __future__ import annotations
@@ -18,6 +22,11 @@ from infer.core.ops.comm import ProcessGroupCommunicator
 
 
 class NcclCommunicator(ProcessGroupCommunicator):
+    @torch.compiler.disable
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        return super().all_reduce(x)
+
+    @torch.compiler.disable
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         if self.world_size == 1:
             return x
@@ -29,6 +38,7 @@ class NcclCommunicator(ProcessGroupCommunicator):
         d = dim % x.dim()
         return out.movedim(0, d).reshape(*x.shape[:d], -1, *x.shape[d + 1:])  # [.., W*n, ..]
 
+    @torch.compiler.disable
     def reduce_scatter(self, x: torch.Tensor) -> torch.Tensor:
         if self.world_size == 1:
             return x
