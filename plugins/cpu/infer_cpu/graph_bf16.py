@@ -6,11 +6,20 @@ by the CPU plugin's bf16 linear method (``infer_cpu.ops.linear_native``), and re
 copies of the norm weights and qkv bias with the packed weights and cache pointers in a C array.
 The step keeps the residual stream in float32 and rounds only the GEMM inputs to bf16 (the
 per-op path keeps the residual in bf16 too), so the two paths agree closely, not bit for bit;
-both are tested against transformers.
+both are tested against transformers. The final norm and the LM head run in the same native call
+(float32 logits, as ``compute_logits`` gives).
+
+Threads: the call's threads meet at 4 barriers per layer, so when another process holds one of
+the two cores, every barrier waits for a descheduled peer and two threads are slower than one.
+``ThreadChoice`` picks the team size per batch-size class from measured step times (one step in
+16 tries the other size, so a change of load is followed); ``INFER_CPU_BF16_DECODE_THREADS``
+fixes it instead.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
 
 import torch
@@ -20,6 +29,36 @@ from infer_cpu.kernels import bf16 as kb
 
 class Unsupported(Exception):
     """The model does not fit the bf16 decode stack; the message says why."""
+
+
+class ThreadChoice:
+    """The decode call's team size per batch-size class (powers of two): the candidate with the
+    lower moving average of measured step time, every ``explore``-th step of a class the other
+    one (each candidate is measured first). ``fixed`` > 0 always answers that count."""
+
+    def __init__(self, max_threads: int, fixed: int = 0, explore: int = 16) -> None:
+        self.candidates = [1] if max_threads <= 1 else [1, max_threads]
+        self.fixed, self.explore = fixed, explore
+        self._avg: dict[tuple[int, int], float] = {}  # (class, threads) -> seconds per step
+        self._steps: dict[int, int] = {}
+
+    def pick(self, batch: int) -> int:
+        if self.fixed > 0:
+            return self.fixed
+        c = batch.bit_length()
+        n = self._steps[c] = self._steps.get(c, 0) + 1
+        untried = [t for t in self.candidates if (c, t) not in self._avg]
+        if untried:
+            return untried[0]
+        best = min(self.candidates, key=lambda t: self._avg[(c, t)])
+        if n % self.explore == 0:
+            return next((t for t in self.candidates if t != best), best)
+        return best
+
+    def record(self, batch: int, threads: int, seconds: float) -> None:
+        key = (batch.bit_length(), threads)
+        old = self._avg.get(key)
+        self._avg[key] = seconds if old is None else 0.75 * old + 0.25 * seconds
 
 
 class BF16DecodeStack:
@@ -77,10 +116,21 @@ class BF16DecodeStack:
         self.inter = layers[0].mlp.down_proj.in_features
         self.eps, self.rotary, self.scale = float(eps), rotary, ctx.attn_backend.config.scale
         self.table, self.n_layers, self.model = table, len(layers), model
+        norm = getattr(model.model, "norm", None)
+        if norm is None or getattr(norm, "weight", None) is None:
+            raise Unsupported("no final norm found")
+        if getattr(model.lm_head, "tp_size", 1) != 1:
+            raise Unsupported("a vocabulary-parallel LM head")
+        self.final_norm = norm.weight.detach().float().contiguous()
+        self.final_eps = float(norm.eps)
+        self.lm_head = model.lm_head.bf16_packed
+        self.threads = ThreadChoice(torch.get_num_threads(),
+                                    int(os.environ.get("INFER_CPU_BF16_DECODE_THREADS", "0")))
         self._fn = lib.infer_bf16_decode_layers
 
     def run(self, batch: Any) -> torch.Tensor:
-        """Decode step: embedding (torch) -> all layers (one native call) -> norm + LM head."""
+        """Decode step: embedding (torch) -> all layers, final norm and LM head (one native
+        call) -> float32 logits [B, vocab]."""
         meta = batch.attn
         h = self.model.model.embed_tokens(batch.input_ids).float().contiguous()  # [B, hidden]
         pos, slots = batch.positions.contiguous(), meta.slot_mapping.contiguous()
@@ -88,9 +138,18 @@ class BF16DecodeStack:
         if (pos.dtype != torch.int64 or slots.dtype != torch.int64 or bt.dtype != torch.int32
                 or bt.stride(1) != 1 or seq_lens.dtype != torch.int32):
             raise TypeError("decode metadata dtypes differ from what the bf16 decode stack expects")
-        kb.lib_for_call()  # sizes the OpenMP team to torch's thread count
-        self._fn(self.table, self.n_layers, h.data_ptr(), h.shape[0], self.hidden, self.heads,
+        b = h.shape[0]
+        rows = batch.logits_indices
+        fused = rows.shape == (b,) and torch.equal(rows.cpu(), torch.arange(b))
+        logits = torch.empty(b, self.lm_head.out_features) if fused else None
+        threads = self.threads.pick(b)
+        t0 = time.perf_counter()
+        self._fn(self.table, self.n_layers, h.data_ptr(), b, self.hidden, self.heads,
                  self.kv_heads, self.head_dim, self.inter, self.eps, pos.data_ptr(),
                  self.rotary.cos_sin.data_ptr(), self.rotary.rotary_dim, slots.data_ptr(),
-                 bt.data_ptr(), bt.stride(0), seq_lens.data_ptr(), meta.page_size, self.scale)
-        return self.model.compute_logits(h, batch)
+                 bt.data_ptr(), bt.stride(0), seq_lens.data_ptr(), meta.page_size, self.scale,
+                 threads, self.final_norm.data_ptr() if fused else None, self.final_eps,
+                 self.lm_head.data.data_ptr() if fused else None, self.lm_head.out_features,
+                 logits.data_ptr() if fused else None)
+        self.threads.record(b, threads, time.perf_counter() - t0)
+        return logits if logits is not None else self.model.compute_logits(h, batch)

@@ -147,18 +147,46 @@ def _check_stack(d: Dims, threads: int, lib: ctypes.CDLL, seed: int) -> None:
                             *(pk[n].data.data_ptr() for n in ("wqkv", "wo", "wgu", "wdown")),
                             lw["bqkv"].data_ptr() if lw["bqkv"] is not None else None,
                             kcs[i].data_ptr(), vcs[i].data_ptr())
+    # the final norm and LM head in the same call: an odd vocabulary (a 16-column block tail)
+    vocab, final_eps = 77, 1e-6
+    final_norm = 1 + 0.1 * torch.randn(d.hidden, generator=g)
+    lm = (torch.randn(vocab, d.hidden, generator=g) * d.hidden ** -0.5).bfloat16()
+    want_logits = _bf(rms_norm_ref(want, final_norm, final_eps)[0]) @ lm.float().t()
     h, lens = h0.clone(), torch.tensor(seq_lens, dtype=torch.int32)
-    lib.infer_bf16_set_threads(threads)  # the OpenMP team of this call
-    try:
-        lib.infer_bf16_decode_layers(
-            table, n_layers, h.data_ptr(), b, d.hidden, d.heads, d.kv_heads, d.head_dim, d.inter,
-            eps, pos.data_ptr(), cos_sin.data_ptr(), d.rot, slots.data_ptr(), bt.data_ptr(),
-            bt.stride(0), lens.data_ptr(), page, scale)
-    finally:
-        kb._threads[0] = 0  # kb.lib_for_call sizes the team again on its next call
+    logits, lm_packed = torch.full((b, vocab), float("nan")), kb.pack(lm)
+    lib.infer_bf16_decode_layers(
+        table, n_layers, h.data_ptr(), b, d.hidden, d.heads, d.kv_heads, d.head_dim, d.inter,
+        eps, pos.data_ptr(), cos_sin.data_ptr(), d.rot, slots.data_ptr(), bt.data_ptr(),
+        bt.stride(0), lens.data_ptr(), page, scale, threads, final_norm.data_ptr(), final_eps,
+        lm_packed.data.data_ptr(), vocab, logits.data_ptr())
     # the same rounding points: only float32 summation order differs (and through it, now and
     # then, one bf16 rounding of a GEMM input or cache entry)
     rel = ((h - want).norm() / (want - h0).norm()).item()
     assert rel < 2e-4, f"relative error of the step's update {rel:.2e}"
+    rel = ((logits - want_logits).norm() / want_logits.norm()).item()
+    assert rel < 2e-3, f"relative error of the logits {rel:.2e}"
     for mine, ref in zip(kcs + vcs, ref_k + ref_v, strict=True):
         torch.testing.assert_close(mine.float(), ref.float(), rtol=2 ** -7, atol=1e-3)
+
+
+def test_thread_choice_measures_both_then_keeps_the_faster_and_explores():
+    from infer_cpu.graph_bf16 import ThreadChoice
+
+    tc = ThreadChoice(2, explore=4)
+    seen = []
+    cost = {1: 0.010, 2: 0.020}  # one thread faster (a loaded machine)
+    for _ in range(12):
+        t = tc.pick(8)
+        seen.append(t)
+        tc.record(8, t, cost[t])
+    assert seen[:2] == [1, 2]  # each size measured once
+    assert seen[2:] == [1, 2, 1, 1, 1, 2, 1, 1, 1, 2]  # the faster; every 4th step the other
+    cost = {1: 0.010, 2: 0.001}  # the load went away: exploring finds it
+    for _ in range(12):
+        t = tc.pick(8)
+        tc.record(8, t, cost[t])
+    assert tc.pick(8) == 2
+    assert tc.pick(1) == 1  # batch-size classes are measured separately
+    tc.record(1, 1, 0.5)
+    assert tc.pick(1) == 2
+    assert ThreadChoice(1).pick(5) == 1 and ThreadChoice(2, fixed=2).pick(1) == 2

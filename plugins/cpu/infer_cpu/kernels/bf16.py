@@ -46,7 +46,7 @@ SIGNATURES = {
     "infer_bf16_isa": [],
     "infer_bf16_gemm": [_P, _I, _L, _I, _I, _P, _P, _I, _P, _I, _L],
     "infer_bf16_decode_layers": [ctypes.POINTER(Layer), _I, _P, _I, _I, _I, _I, _I, _I, _F, _P,
-                                 _P, _I, _P, _P, _L, _P, _I, _F],
+                                 _P, _I, _P, _P, _L, _P, _I, _F, _I, _P, _F, _P, _I, _P],
     "infer_bf16_rms_norm": [_P, _L, _I, _P, _L, _P, _P, _I, _P, _I, _I, _F],
     "infer_bf16_rope": [_P, _P, _L, _I, _P, _L, _I, _I, _I, _I, _P],
     "infer_bf16_silu_mul": [_P, _L, _P, _I, _I],

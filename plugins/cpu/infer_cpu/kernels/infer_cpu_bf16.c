@@ -749,12 +749,17 @@ static void decode_layer(const bf16_step *st, const infer_bf16_layer *L, bf16_te
 }
 
 /* One decode step of every layer: h [B, hidden] float32 (the embeddings in, the last layer's
- * output out), one token per sequence at pos[m], its k/v written at slots[m]. */
+ * output out), one token per sequence at pos[m], its k/v written at slots[m]; on `threads`
+ * threads (0: the library's count). With a final norm (float32 [hidden], eps final_eps) and a
+ * pair-packed LM head [vocab, hidden], also logits [B, vocab] float32 = lm_head(norm(h)), each
+ * thread normalising the rows privately and computing its share of the vocabulary columns. */
 void infer_bf16_decode_layers(const infer_bf16_layer *layers, int n_layers, float *h, int B,
                               int hidden, int H, int Hkv, int D, int inter, float eps,
                               const int64_t *pos, const float *cos_sin, int rot_dim,
                               const int64_t *slots, const int32_t *block_tables, int64_t bt_stride,
-                              const int32_t *seq_lens, int page, float scale) {
+                              const int32_t *seq_lens, int page, float scale, int threads,
+                              const float *final_norm, float final_eps, const bf16 *lm_head,
+                              int vocab, float *logits) {
   bf16_step st = {layers, n_layers, B, hidden, H, Hkv, D, inter, rot_dim, page, eps, scale,
                   h, pos, slots, cos_sin, block_tables, seq_lens, bt_stride};
   int qkv_w = (H + 2 * Hkv) * D, kmax = hidden > H * D ? hidden : H * D, lmax = 1;
@@ -770,7 +775,9 @@ void infer_bf16_decode_layers(const infer_bf16_layer *layers, int n_layers, floa
   atomic_init(&bar.arrived, 0);
   atomic_init(&bar.phase, 0);
   bar.n = 1;
-#pragma omp parallel num_threads(g_threads)
+  int nt = threads > 0 ? threads : g_threads;
+  (void)nt;
+#pragma omp parallel num_threads(nt)
   {
     act_t *mine = (act_t *)malloc(sizeof(act_t) * (size_t)B * as);
     bf16_team t = {mine, down, qkv, gu, att, as, 0, 1, &bar};
@@ -785,6 +792,14 @@ void infer_bf16_decode_layers(const infer_bf16_layer *layers, int n_layers, floa
     float *s = (float *)malloc(sizeof(float) * (size_t)G * lmax);
     float *o = (float *)malloc(sizeof(float) * (size_t)G * D);
     for (int l = 0; l < n_layers; l++) decode_layer(&st, layers + l, &t, tmp, s, o);
+    if (final_norm) { /* the last layer's barrier published every h row */
+      for (int m = 0; m < B; m++)
+        rms_act_row(h + (int64_t)m * hidden, final_norm, hidden, final_eps, tmp, mine + m * as);
+      int b0, b1;
+      block_share((vocab + CB - 1) / CB, t.tid, t.nt, &b0, &b1);
+      if (b0 < b1) gemm_blocks(mine, as, B, (hidden + 1) / 2, lm_head, NULL, vocab, b0, b1, logits,
+                               vocab, 0);
+    }
     free(tmp);
     free(s);
     free(o);
