@@ -30,7 +30,7 @@ import torch.nn.functional as F  # noqa: E402
 from infer.core.model.loader.default_model import ensure_default_model  # noqa: E402
 from infer_cpu import kernels  # noqa: E402
 from infer_cpu.native_build import FLAG_SETS, SOURCE, compiler  # noqa: E402
-from infer_cpu.quant.packing import Q, QWeight, gguf_qweight  # noqa: E402
+from infer_cpu.quant.packing import KIND_I8, Q, QWeight, gguf_qweight, quantize_q8_blocks  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 FUSED = {"qkv": ["attn_q", "attn_k", "attn_v"], "o": ["attn_output"],
@@ -48,6 +48,14 @@ def layer0(path: Path) -> dict[str, QWeight]:
         raw = torch.cat([torch.from_numpy(t.data.copy()) for t in ts])  # [N, bytes per row]
         out[name] = gguf_qweight(raw, Q(ts[0].tensor_type), raw.shape[0])
     return out
+
+
+def lm_head_q8(path: Path) -> QWeight:
+    """The tied LM head as the plugin serves it: the embedding quantized to Q8_0 blocks."""
+    t = next(t for t in gguf.GGUFReader(path).tensors if t.name == "token_embd.weight")
+    rows = int(t.shape[-1])
+    dense = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).copy()).reshape(rows, -1)
+    return quantize_q8_blocks(dense.float())
 
 
 def build_other(spec: str, tmp: Path) -> ctypes.CDLL:
@@ -92,6 +100,17 @@ def qgemm_call(lib: ctypes.CDLL, x: torch.Tensor, w: QWeight, y: torch.Tensor):
     return lambda: lib.infer_qgemm(*args)
 
 
+def fgemm_call(lib: ctypes.CDLL, x: torch.Tensor, w: QWeight, y: torch.Tensor, flag: int = 0):
+    """``infer_fgemm`` (the serving GEMM); ``flag`` = ``KIND_I8``: its int8-activation path."""
+    args = (w.kind | flag, x.data_ptr(), x.stride(0), x.shape[0], w.in_features,
+            w.blocks.data_ptr(), None, w.out_features, y.data_ptr(), w.out_features)
+    return lambda: lib.infer_fgemm(*args)
+
+
+KERNELS = {"qgemm": qgemm_call, "fgemm": fgemm_call,
+           "fgemm-i8": lambda lib, x, w, y: fgemm_call(lib, x, w, y, KIND_I8)}
+
+
 def loadavg() -> str:
     """1 / 5 / 15-minute load average (the machine is shared)."""
     try:
@@ -125,19 +144,29 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds; best is kept")
     ap.add_argument("--budget", type=float, default=0.3, help="seconds per timing")
     ap.add_argument("--no-torch", action="store_true", help="skip the float32 matmul peer")
+    ap.add_argument("--kernel", choices=list(KERNELS), default="qgemm",
+                    help="qgemm (int8 activations, unused by serving), fgemm (float32 activations, "
+                         "the default path) or fgemm-i8 (fgemm's batch-invariant int8 activations)")
+    ap.add_argument("--lm-head", action="store_true",
+                    help="also the Q8_0 LM head (the embedding quantized as the model serves it)")
     args = ap.parse_args()
 
     weights = layer0(ensure_default_model())
     with tempfile.TemporaryDirectory() as tmp:
         libs, threads = tree_and_others(args.compare, Path(tmp))
         dense = {name: w.dequantize() for name, w in weights.items()}
-        print(f"threads {threads}, load {loadavg()}; best of {args.rounds} rounds; GMAC/s = M*N*K/t")
+        if args.lm_head:
+            weights["lm_head"] = lm_head_q8(ensure_default_model())
+            dense["lm_head"] = weights["lm_head"].dequantize()
+        print(f"{args.kernel}: threads {threads}, load {loadavg()}; best of {args.rounds} rounds; "
+              f"GMAC/s = M*N*K/t")
         for name, w in weights.items():
             n, k = w.out_features, w.in_features
             for m in args.rows:
                 x = torch.randn(m, k)
                 y = torch.empty(m, n)
-                fns = {label: qgemm_call(lib, x, w, y) for label, lib in libs.items()}
+                fns = {label: KERNELS[args.kernel](lib, x, w, y) for label, lib in libs.items()
+                       if label == "tree" or args.kernel == "qgemm" or hasattr(lib, "infer_fgemm")}
                 if not args.no_torch:
                     fns["torch f32"] = lambda x=x, wd=dense[name]: F.linear(x, wd)
                 best = dict.fromkeys(fns, float("inf"))

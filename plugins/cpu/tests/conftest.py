@@ -35,3 +35,20 @@ def _greedy(core, prompts, n):
 @pytest.fixture
 def greedy():
     return _greedy
+
+
+def _with_threads(n: int, fn):
+    """fn() with torch (and so the native kernels' OpenMP team) on n threads."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(old)
+
+
+@pytest.fixture
+def with_threads():
+    return _with_threads

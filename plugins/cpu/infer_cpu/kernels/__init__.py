@@ -142,16 +142,18 @@ def qgemm(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None,
         return None
     m = x.shape[0]
     y = torch.empty(m, w.out_features, dtype=_F32)
-    lib.infer_qgemm(w.kind, x.data_ptr(), x.stride(0), m, k, int(silu_mul), w.blocks.data_ptr(),
+    lib.infer_qgemm(w.block_kind, x.data_ptr(), x.stride(0), m, k, int(silu_mul), w.blocks.data_ptr(),
                     bias.data_ptr() if bias is not None else None, w.out_features,
                     y.data_ptr(), w.out_features)
     return y
 
 
 def fgemm(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None) -> torch.Tensor | None:
-    """x [M, K] float32 -> [M, N] with float32 activations and the blocks dequantized exactly;
-    None if the kernels are off or the input does not fit. Batch invariant: row m of the result
-    is bit for bit the same whatever the other rows (``infer_cpu_kernels.c`` says how)."""
+    """x [M, K] float32 -> [M, N] with float32 activations and the blocks dequantized exactly, or
+    (``w.int8_activations``) the activations quantized per row and 32-block to int8 and exact
+    integer block dot products; None if the kernels are off or the input does not fit. Batch
+    invariant either way: row m of the result is bit for bit the same whatever the other rows
+    (``infer_cpu_kernels.c`` says how)."""
     lib = _lib()
     if lib is None or not _f32_rows(x) or x.shape[1] != w.in_features:
         return None

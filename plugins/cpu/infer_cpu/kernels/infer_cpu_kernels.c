@@ -430,190 +430,226 @@ void infer_qgemm(int kind, const float *x, int64_t x_stride, int M, int K, int s
 
 /* ---- Float-activation GEMM on GGUF blocks (batch invariant) --------------------------------
  * y [M, N] = x [M, K] . W^T (+ bias) with float32 activations and W's blocks dequantized exactly
- * to float32 (q4: d q + m, q8: d q; d q is exact in float32, so the values are the ones gguf's
- * dequantisation gives). Every output is ONE chain over k in order,
- *     acc[l] = fma(w[n, 8 i + l], x[m, 8 i + l], acc[l])   for i = 0 .. K/8 - 1, lanes l = 0..7,
- *     y[m, n] = hsum256(acc) (+ bias[n]),
+ * to float32 (q4: fma(q, d, m), q8: d q; d q is exact in float32, so the values are the ones
+ * gguf's dequantisation gives). Every output is ONE chain over k in order in 16 lanes,
+ *     acc[l] = fma(w[n, 16 i + l], x[m, 16 i + l], acc[l])   for i = 0 .. K/16 - 1, l = 0..15,
+ *     y[m, n] = sum16(acc) (+ bias[n]),   sum16: lanes l + (l + 8), then hsum256's tree,
  * whatever M, the tile it falls in, the thread that computes it or the chunk of weight rows it is
  * dequantized with: a row's result never depends on the rest of the batch (batch invariance;
- * the decode graph calls the same functions). Weight rows are dequantized FR at a time into a
- * per-thread buffer and reused by every activation row of an FMB-row block. */
+ * the decode graph calls the same functions). AVX-512 holds the 16 lanes in one register, AVX2
+ * in two (the same sums, so both builds give the same bits); the portable C path keeps the same
+ * lanes and tree. Weight rows are dequantized FR at a time into a per-thread buffer and reused
+ * by every activation row of an FMB-row block, in register tiles of FNR weight rows x FMR
+ * activation rows; one activation row dequantizes in registers instead (row_dots). */
 #define FR 4
-#define FTM 4
+#define KIND_I8 0x100 /* kind flag: int8 activations (see the int8-activation GEMM below) */
 #define FMB 64
 
+#if defined(__AVX512F__)
+#define FNR 4 /* register tile: 4 x 6 accumulators of 16 lanes (24 of the 32 zmm registers) */
+#define FMR 6
+#define RD 8 /* weight rows of a one-row tile: independent chains to hide the FMA latency */
+typedef __m512 v16;
+static inline v16 v16_zero(void) { return _mm512_setzero_ps(); }
+static inline v16 v16_set1(float f) { return _mm512_set1_ps(f); }
+static inline v16 v16_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline void v16_store(float *p, v16 v) { _mm512_storeu_ps(p, v); }
+static inline v16 v16_fma(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }
+static inline v16 v16_mul(v16 a, v16 b) { return _mm512_mul_ps(a, b); }
+static inline v16 v16_u8(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }
+static inline v16 v16_i8(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
+static inline float v16_sum(v16 a) {
+  __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+  return hsum256(_mm256_add_ps(_mm512_castps512_ps256(a), hi));
+}
+#elif defined(__AVX2__)
+#define FNR 2 /* 2 x 2 tiles of two-register accumulators: 8 of the 16 ymm registers */
+#define FMR 2
+#define RD 4
+typedef struct {
+  __m256 lo, hi;
+} v16;
+static inline v16 v16_zero(void) { return (v16){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+static inline v16 v16_set1(float f) { return (v16){_mm256_set1_ps(f), _mm256_set1_ps(f)}; }
+static inline v16 v16_load(const float *p) { return (v16){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+static inline void v16_store(float *p, v16 v) {
+  _mm256_storeu_ps(p, v.lo);
+  _mm256_storeu_ps(p + 8, v.hi);
+}
+static inline v16 v16_fma(v16 a, v16 b, v16 c) {
+  return (v16){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+static inline v16 v16_mul(v16 a, v16 b) { return (v16){_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+static inline v16 v16_u8(__m128i b) {
+  return (v16){_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)),
+               _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
+}
+static inline v16 v16_i8(__m128i b) {
+  return (v16){_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)),
+               _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
+}
+static inline float v16_sum(v16 a) { return hsum256(_mm256_add_ps(a.lo, a.hi)); }
+#endif
+
+#ifdef __AVX2__
+/* One block's 32 weights as two 16-lane vectors (weights 0..15, 16..31). */
+static inline void deq_block(int kind, const void *blk, v16 *w0, v16 *w1) {
+  if (kind == 4) {
+    const block_q4 *b = (const block_q4 *)blk;
+    const __m128i low = _mm_set1_epi8(0x0F);
+    __m128i raw = _mm_loadu_si128((const __m128i *)b->qs);
+    v16 vd = v16_set1(h2f(b->d)), vm = v16_set1(h2f(b->m));
+    *w0 = v16_fma(v16_u8(_mm_and_si128(raw, low)), vd, vm);
+    *w1 = v16_fma(v16_u8(_mm_and_si128(_mm_srli_epi16(raw, 4), low)), vd, vm);
+  } else {
+    const block_q8 *b = (const block_q8 *)blk;
+    v16 vd = v16_set1(h2f(b->d));
+    *w0 = v16_mul(vd, v16_i8(_mm_loadu_si128((const __m128i *)b->qs)));
+    *w1 = v16_mul(vd, v16_i8(_mm_loadu_si128((const __m128i *)(b->qs + 16))));
+  }
+}
+#endif
+
+static inline const void *block_at(int kind, const void *w, int64_t i) {
+  return kind == 4 ? (const void *)((const block_q4 *)w + i) : (const void *)((const block_q8 *)w + i);
+}
+
 /* Weight rows [n0, n0 + nr) of w (kind 4: block_q4, kind 8: block_q8; [N, K/32] blocks) ->
- * float32 wf [nr, K] (32-byte aligned). */
+ * float32 wf [nr, K]. */
 static void dequant_rows(int kind, const void *w, int K, int n0, int nr, float *wf) {
   int nb = K / QK;
   for (int r = 0; r < nr; r++) {
     float *o = wf + (int64_t)r * K;
-    if (kind == 4) {
-      const block_q4 *b = (const block_q4 *)w + (int64_t)(n0 + r) * nb;
-      for (int j = 0; j < nb; j++, o += QK) {
-        float d = h2f(b[j].d), m = h2f(b[j].m);
+    for (int j = 0; j < nb; j++, o += QK) {
+      const void *blk = block_at(kind, w, (int64_t)(n0 + r) * nb + j);
 #ifdef __AVX2__
-        const __m128i low = _mm_set1_epi8(0x0F);
-        __m128i raw = _mm_loadu_si128((const __m128i *)b[j].qs);
-        __m128i lo = _mm_and_si128(raw, low), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
-        __m128i part[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-        __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
-        for (int t = 0; t < 4; t++) /* weights 8t .. 8t + 7 */
-          _mm256_store_ps(o + 8 * t, _mm256_fmadd_ps(
-                                         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(part[t])), vd, vm));
+      v16 w0, w1;
+      deq_block(kind, blk, &w0, &w1);
+      v16_store(o, w0);
+      v16_store(o + 16, w1);
 #else
+      if (kind == 4) {
+        const block_q4 *b = (const block_q4 *)blk;
+        float d = h2f(b->d), m = h2f(b->m);
         for (int i = 0; i < 16; i++) {
-          o[i] = d * (float)(b[j].qs[i] & 0x0F) + m;
-          o[i + 16] = d * (float)(b[j].qs[i] >> 4) + m;
+          o[i] = fmaf((float)(b->qs[i] & 0x0F), d, m);
+          o[i + 16] = fmaf((float)(b->qs[i] >> 4), d, m);
         }
-#endif
+      } else {
+        const block_q8 *b = (const block_q8 *)blk;
+        float d = h2f(b->d);
+        for (int i = 0; i < QK; i++) o[i] = d * (float)b->qs[i];
       }
-    } else {
-      const block_q8 *b = (const block_q8 *)w + (int64_t)(n0 + r) * nb;
-      for (int j = 0; j < nb; j++, o += QK) {
-        float d = h2f(b[j].d);
-#ifdef __AVX2__
-        __m256 vd = _mm256_set1_ps(d);
-        for (int t = 0; t < 4; t++)
-          _mm256_store_ps(o + 8 * t, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                                                           _mm_loadl_epi64((const __m128i *)(b[j].qs + 8 * t))))));
-#else
-        for (int i = 0; i < QK; i++) o[i] = d * (float)b[j].qs[i];
 #endif
-      }
     }
   }
 }
 
 #ifdef __AVX2__
-/* y[m * y_stride + r] = wf_r . x_m for NR weight rows wf [NR, K] and mr activation rows (each
- * pair one chain, see above). Inlined with constant NR, mr: the accumulators stay in registers. */
-static inline __attribute__((always_inline)) void f32_tile(const float *wf, int NR, int K,
-                                                           const float *x, int64_t x_stride, int mr,
+/* y[m * y_stride + r] = wf_r . x_m for NR weight rows wf [NR, K] and MR activation rows (each
+ * pair one chain, see above). Inlined with constant NR, MR: the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void f16_tile(const float *wf, int NR, int K,
+                                                           const float *x, int64_t x_stride, int MR,
                                                            float *y, int64_t y_stride) {
-  __m256 a[FR][FTM];
-  for (int r = 0; r < NR; r++)
-    for (int m = 0; m < mr; m++) a[r][m] = _mm256_setzero_ps();
-  for (int i = 0; i < K; i += 8) {
-    __m256 xv[FTM];
-    for (int m = 0; m < mr; m++) xv[m] = _mm256_loadu_ps(x + (int64_t)m * x_stride + i);
-    for (int r = 0; r < NR; r++) {
-      __m256 w = _mm256_load_ps(wf + (int64_t)r * K + i);
-      for (int m = 0; m < mr; m++) a[r][m] = _mm256_fmadd_ps(w, xv[m], a[r][m]);
+  v16 a[FNR][FMR];
+  _Pragma("GCC unroll 8") for (int r = 0; r < NR; r++)
+    _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++) a[r][m] = v16_zero();
+  for (int i = 0; i < K; i += 16) {
+    v16 wv[FNR];
+    _Pragma("GCC unroll 8") for (int r = 0; r < NR; r++) wv[r] = v16_load(wf + (int64_t)r * K + i);
+    _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++) {
+      v16 xv = v16_load(x + (int64_t)m * x_stride + i);
+      _Pragma("GCC unroll 8") for (int r = 0; r < NR; r++) a[r][m] = v16_fma(wv[r], xv, a[r][m]);
     }
   }
-  for (int m = 0; m < mr; m++)
-    for (int r = 0; r < NR; r++) y[(int64_t)m * y_stride + r] = hsum256(a[r][m]);
+  _Pragma("GCC unroll 8") for (int m = 0; m < MR; m++)
+    _Pragma("GCC unroll 8") for (int r = 0; r < NR; r++) y[(int64_t)m * y_stride + r] = v16_sum(a[r][m]);
 }
-#endif
 
-#define RD 8 /* weight rows of a one-row tile: independent chains to hide the FMA latency */
-#ifdef __AVX2__
+#define F16T(nr, mr) \
+  case (nr) * 8 + (mr): f16_tile(wf, nr, K, x, x_stride, mr, y, y_stride); break;
+/* f16_tile for any nr <= FNR, mr <= FMR, each an instance with constant sizes. */
+static void f16_tile_any(const float *wf, int nr, int K, const float *x, int64_t x_stride, int mr,
+                         float *y, int64_t y_stride) {
+  switch (nr * 8 + mr) {
+#if FNR == 4 && FMR == 6
+    F16T(4, 6) F16T(4, 5) F16T(4, 4) F16T(4, 3) F16T(4, 2) F16T(4, 1)
+    F16T(3, 6) F16T(3, 5) F16T(3, 4) F16T(3, 3) F16T(3, 2) F16T(3, 1)
+#endif
+    F16T(2, 2) F16T(2, 1) F16T(1, 2) F16T(1, 1)
+#if FNR == 4 && FMR == 6
+    F16T(2, 6) F16T(2, 5) F16T(2, 4) F16T(2, 3) F16T(1, 6) F16T(1, 5) F16T(1, 4) F16T(1, 3)
+#endif
+  }
+}
+#undef F16T
+
 /* One activation row x against weight rows [n0, n0 + NR) of w, dequantized in registers instead
- * of through the buffer: the same weight values (fma(q, d, m) is exact, d q being exact) and the
- * same chain per output as f32_tile, so the result is the same bits; one row reads each weight
- * once, so skipping the buffer's store and load is what it saves. Inlined with a constant NR. */
+ * of through the buffer: the same weight values and the same chain per output as f16_tile, so the
+ * same bits; one row reads each weight once, so skipping the buffer's store and load is what it
+ * saves. Inlined with a constant NR. */
 static inline __attribute__((always_inline)) void row_dots(int kind, const void *w, int nb,
                                                            int n0, int NR, const float *x,
                                                            float *y) {
-  __m256 a[RD];
-  for (int r = 0; r < NR; r++) a[r] = _mm256_setzero_ps();
-  const __m128i low = _mm_set1_epi8(0x0F);
+  v16 a[RD];
+  for (int r = 0; r < NR; r++) a[r] = v16_zero();
   /* the next tile's rows, a slice per block: the rows are read side by side, which the hardware
    * prefetchers do not follow as they do one stream */
-  int64_t bytes = (int64_t)NR * nb * (kind == 4 ? (int64_t)sizeof(block_q4) : (int64_t)sizeof(block_q8));
-  const char *next = (const char *)w + (int64_t)(n0 + NR) * nb *
-                                           (kind == 4 ? (int64_t)sizeof(block_q4) : (int64_t)sizeof(block_q8));
+  int64_t bsz = kind == 4 ? (int64_t)sizeof(block_q4) : (int64_t)sizeof(block_q8);
+  int64_t bytes = (int64_t)NR * nb * bsz;
+  const char *next = (const char *)w + (int64_t)(n0 + NR) * nb * bsz;
   for (int b = 0; b < nb; b++) {
     for (int64_t off = bytes * b / nb; off < bytes * (b + 1) / nb; off += 64)
       _mm_prefetch(next + off, _MM_HINT_T0);
-    const float *xb = x + (int64_t)b * QK;
-    __m256 x0 = _mm256_loadu_ps(xb), x1 = _mm256_loadu_ps(xb + 8), x2 = _mm256_loadu_ps(xb + 16),
-           x3 = _mm256_loadu_ps(xb + 24);
+    v16 x0 = v16_load(x + (int64_t)b * QK), x1 = v16_load(x + (int64_t)b * QK + 16);
     for (int r = 0; r < NR; r++) {
-      __m256 w0, w1, w2, w3;
-      if (kind == 4) {
-        const block_q4 *blk = (const block_q4 *)w + (int64_t)(n0 + r) * nb + b;
-        __m256 vd = _mm256_set1_ps(h2f(blk->d)), vm = _mm256_set1_ps(h2f(blk->m));
-        __m128i raw = _mm_loadu_si128((const __m128i *)blk->qs);
-        __m128i lo = _mm_and_si128(raw, low), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
-        w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), vd, vm);
-        w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), vd, vm);
-        w2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), vd, vm);
-        w3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), vd, vm);
-      } else {
-        const block_q8 *blk = (const block_q8 *)w + (int64_t)(n0 + r) * nb + b;
-        __m256 vd = _mm256_set1_ps(h2f(blk->d));
-#define W8(t) _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk->qs + 8 * (t))))))
-        w0 = W8(0);
-        w1 = W8(1);
-        w2 = W8(2);
-        w3 = W8(3);
-#undef W8
-      }
-      a[r] = _mm256_fmadd_ps(w0, x0, a[r]);
-      a[r] = _mm256_fmadd_ps(w1, x1, a[r]);
-      a[r] = _mm256_fmadd_ps(w2, x2, a[r]);
-      a[r] = _mm256_fmadd_ps(w3, x3, a[r]);
+      v16 w0, w1;
+      deq_block(kind, block_at(kind, w, (int64_t)(n0 + r) * nb + b), &w0, &w1);
+      a[r] = v16_fma(w0, x0, a[r]);
+      a[r] = v16_fma(w1, x1, a[r]);
     }
   }
-  for (int r = 0; r < NR; r++) y[r] = hsum256(a[r]);
+  for (int r = 0; r < NR; r++) y[r] = v16_sum(a[r]);
 }
 #endif
 
 /* The nr <= FR dequantized rows wf against M activation rows; y points at the chunk's first
- * output column. One activation row: tiles of all nr weight rows (independent chains for the
- * FMA latency); more: tiles of 2 weight rows x up to FTM activation rows. */
+ * output column. */
 static void f32_chunk(const float *wf, int nr, int K, const float *x, int64_t x_stride, int M,
                       float *y, int64_t y_stride) {
-  for (int m0 = 0; m0 < M; m0 += FTM) {
-    int mr = M - m0 < FTM ? M - m0 : FTM;
-    const float *xm = x + (int64_t)m0 * x_stride;
-    float *ym = y + (int64_t)m0 * y_stride;
 #ifdef __AVX2__
-    if (mr == 1) {
-      switch (nr) {
-      case 4: f32_tile(wf, 4, K, xm, x_stride, 1, ym, y_stride); break;
-      case 3: f32_tile(wf, 3, K, xm, x_stride, 1, ym, y_stride); break;
-      case 2: f32_tile(wf, 2, K, xm, x_stride, 1, ym, y_stride); break;
-      default: f32_tile(wf, 1, K, xm, x_stride, 1, ym, y_stride); break;
-      }
-      continue;
-    }
-    for (int r0 = 0; r0 < nr; r0 += 2) {
-      const float *wr = wf + (int64_t)r0 * K;
-      if (nr - r0 >= 2) {
-        switch (mr) {
-        case 4: f32_tile(wr, 2, K, xm, x_stride, 4, ym + r0, y_stride); break;
-        case 3: f32_tile(wr, 2, K, xm, x_stride, 3, ym + r0, y_stride); break;
-        default: f32_tile(wr, 2, K, xm, x_stride, 2, ym + r0, y_stride); break;
-        }
-      } else {
-        switch (mr) {
-        case 4: f32_tile(wr, 1, K, xm, x_stride, 4, ym + r0, y_stride); break;
-        case 3: f32_tile(wr, 1, K, xm, x_stride, 3, ym + r0, y_stride); break;
-        default: f32_tile(wr, 1, K, xm, x_stride, 2, ym + r0, y_stride); break;
-        }
-      }
-    }
-#else
-    for (int m = 0; m < mr; m++)
-      for (int r = 0; r < nr; r++) {
-        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        const float *xr = xm + (int64_t)m * x_stride, *wr = wf + (int64_t)r * K;
-        for (int i = 0; i < K; i += 8)
-          for (int l = 0; l < 8; l++) acc[l] += wr[i + l] * xr[i + l];
-        ym[(int64_t)m * y_stride + r] = ((acc[0] + acc[4]) + (acc[2] + acc[6])) +
-                                        ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-      }
-#endif
+  for (int m0 = 0; m0 < M; m0 += FMR) {
+    int mr = M - m0 < FMR ? M - m0 : FMR;
+    for (int r0 = 0; r0 < nr; r0 += FNR)
+      f16_tile_any(wf + (int64_t)r0 * K, nr - r0 < FNR ? nr - r0 : FNR, K,
+                   x + (int64_t)m0 * x_stride, x_stride, mr, y + (int64_t)m0 * y_stride + r0,
+                   y_stride);
   }
+#else
+  for (int m = 0; m < M; m++)
+    for (int r = 0; r < nr; r++) {
+      float acc[16] = {0.f};
+      const float *xr = x + (int64_t)m * x_stride, *wr = wf + (int64_t)r * K;
+      for (int i = 0; i < K; i += 16)
+        for (int l = 0; l < 16; l++) acc[l] = fmaf(wr[i + l], xr[i + l], acc[l]);
+      float t[8];
+      for (int l = 0; l < 8; l++) t[l] = acc[l] + acc[l + 8];
+      y[(int64_t)m * y_stride + r] = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
+    }
+#endif
 }
 
+static void i8_rows(int kind, const float *x, int64_t x_stride, int M, int K, const void *w,
+                    const float *bias, int n0, int n1, float *y, int64_t y_stride);
+
 /* Output columns [n0, n1) of y = x . W^T (+ bias) for all M rows: one thread's share. wf: FR * K
- * floats of scratch, 32-byte aligned. */
+ * floats of scratch, 32-byte aligned. kind | KIND_I8: the int8-activation path (i8_rows). */
 static void fgemm_rows(int kind, const float *x, int64_t x_stride, int M, int K, const void *w,
                        const float *bias, int n0, int n1, float *y, int64_t y_stride, float *wf) {
+  if (kind & KIND_I8) {
+    i8_rows(kind & ~KIND_I8, x, x_stride, M, K, w, bias, n0, n1, y, y_stride);
+    return;
+  }
 #ifdef __AVX2__
   if (M == 1) { /* no buffer: see row_dots */
     int nb = K / QK, c = n0;
@@ -638,12 +674,410 @@ static void fgemm_rows(int kind, const float *x, int64_t x_stride, int M, int K,
   }
 }
 
+/* ---- Int8-activation GEMM on GGUF blocks (batch invariant; opt-in per model) ---------------
+ * kind | KIND_I8 in fgemm_rows / infer_fgemm. Each activation row is quantized on its own per
+ * 32-block as quantize_row_q8 does (dx = amax / 127, codes qx = round(x / dx), sx = dx sum(qx)),
+ * each block's dot product with the weight codes is an exact int32 (dot_b), and each output is
+ * ONE float chain over the blocks in order:
+ *     acc = fma((float)dot_b, dw_b * dx_b, acc);  q4 only: acc = fma(mw_b, sx_b, acc)
+ *     y[m, n] = acc (+ bias[n])
+ * The integer dot does not depend on how it is computed, and the float steps are the same scalar
+ * operations in every path (AVX-512 VNNI tiles, AVX2 tiles, one row, portable C, any thread or
+ * tile position), so a row's result is the same bits whatever the batch, and the same in every
+ * build. Tiles: TW weight rows are repacked once per call into a buffer whose vectors hold one
+ * 4-byte (VNNI, vpdpbusd u8 x s8) or 2-element (AVX2, vpmaddwd int16) group of TW rows, and run
+ * against up to IMR activation rows broadcast 4 bytes at a time; one activation row reads the
+ * blocks in place instead. VNNI needs unsigned weights: q8 codes are stored as q + 128 and
+ * 128 sum(qx) is subtracted from the integer dot (exact). */
+#define IMB 256 /* activation rows per block: their codes stay in L2 across the weight tiles */
+
+typedef struct {
+  const int8_t *q; /* [M, K] codes */
+  const float *d, *s; /* [M, nb] scales dx and dx * sum(qx) */
+  const int32_t *sum; /* [M, nb] sum(qx) */
+  int K, nb;
+} i8_act;
+
+/* Per-thread scratch that grows and is kept (the decode graph calls the GEMMs every step). */
+typedef struct {
+  void *p;
+  size_t cap;
+} scratch;
+static __thread scratch tl_act, tl_w;
+#if defined(__AVX2__) && !(defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__))
+static __thread scratch tl_x16; /* the AVX2 tiles' int16 activations */
+#endif
+
+static void *scratch_get(scratch *s, size_t n) {
+  if (n > s->cap) {
+    free(s->p);
+    s->cap = (n + 4095) & ~(size_t)4095;
+    s->p = aligned_alloc(64, s->cap);
+  }
+  return s->p;
+}
+
+/* The layout of M rows' quantized activations in buf: M * K codes, then d, s and sum (M * nb
+ * each). */
+static i8_act i8_layout(int M, int K, char *buf) {
+  int nb = K / QK;
+  float *d = (float *)(buf + (((size_t)M * K + 63) & ~(size_t)63)), *s = d + (size_t)M * nb;
+  i8_act a = {(const int8_t *)buf, d, s, (const int32_t *)(s + (size_t)M * nb), K, nb};
+  return a;
+}
+
+/* Row m of a <- the quantized row x (each row on its own: batch invariant). */
+static void i8_quantize_row(const float *x, const i8_act *a, int m) {
+  int nb = a->nb;
+  int8_t *q = (int8_t *)a->q + (int64_t)m * a->K;
+  int32_t *sum = (int32_t *)a->sum + (int64_t)m * nb;
+  quantize_row_q8(x, a->K, q, (float *)a->d + (int64_t)m * nb, (float *)a->s + (int64_t)m * nb);
+  for (int b = 0; b < nb; b++) {
+    int t = 0;
+    for (int j = 0; j < QK; j++) t += q[b * QK + j];
+    sum[b] = t;
+  }
+}
+
+static size_t i8_act_bytes(int M, int K) {
+  return (((size_t)M * K + 63) & ~(size_t)63) + (size_t)M * (K / QK) * 3 * 4;
+}
+
+static inline int32_t load4(const int8_t *p) {
+  int32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+
+/* The integer dot of weight row n's block b with activation row m's (exact), any build. */
+static inline int32_t dot_block_ref(int kind, const void *w, int64_t i, const int8_t *xq) {
+  int32_t t = 0;
+  if (kind == 4) {
+    const block_q4 *b = (const block_q4 *)w + i;
+    for (int j = 0; j < 16; j++) t += (b->qs[j] & 0x0F) * xq[j] + (b->qs[j] >> 4) * xq[j + 16];
+  } else {
+    const block_q8 *b = (const block_q8 *)w + i;
+    for (int j = 0; j < QK; j++) t += b->qs[j] * xq[j];
+  }
+  return t;
+}
+
+/* The float steps of one output, block by block (every path does exactly these). */
+static inline float i8_step(float acc, int32_t dot, float dw, float dx, int q4, float mw, float sx) {
+  acc = fmaf((float)dot, dw * dx, acc);
+  return q4 ? fmaf(mw, sx, acc) : acc;
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define I8_VNNI 1
+#define TW 16 /* weight rows per tile: one zmm of int32 lanes */
+#define IMR 8 /* activation rows per register tile */
+#elif defined(__AVX2__)
+#define TW 8
+#define IMR 4
+#endif
+
+#ifdef __AVX2__
+/* One row's block as 32 code bytes in k order (q4: 0..15; q8: q + 128 for VNNI, else q). */
+static inline __m256i block_codes(int kind, const void *w, int64_t i) {
+  if (kind == 4) return unpack_q4(((const block_q4 *)w + i)->qs);
+  __m256i q = _mm256_loadu_si256((const __m256i *)((const block_q8 *)w + i)->qs);
+#ifdef I8_VNNI
+  q = _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80));
+#endif
+  return q;
+}
+
+/* 4 weight rows' block dots against one activation block, as int32 lanes 0..3. */
+static inline __m128i dots4(int kind, const void *w, int64_t i0, int64_t stride, __m256i x,
+                            int32_t xsum) {
+  __m256i p[4];
+  for (int r = 0; r < 4; r++) {
+    __m256i c = block_codes(kind, w, i0 + r * stride);
+#ifdef I8_VNNI
+    p[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), c, x);
+#else
+    if (kind == 4) {
+      p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(c, x), _mm256_set1_epi16(1));
+    } else { /* |w| x (x with w's sign): pair sums <= 2 * 128 * 127, no saturation */
+      p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(x, c)),
+                               _mm256_set1_epi16(1));
+    }
+#endif
+  }
+  __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+  __m128i d = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+#ifdef I8_VNNI
+  if (kind == 8) d = _mm_sub_epi32(d, _mm_set1_epi32(128 * xsum));
+#else
+  (void)xsum;
+#endif
+  return d;
+}
+
+/* One activation row (a row of a, index m) against weight rows [n0, n0 + 4): the blocks read in
+ * place; y[0..3]. */
+static void i8_row4(int kind, const void *w, int nb, int n0, const i8_act *a, int m, float *y) {
+  const int8_t *xq = a->q + (int64_t)m * a->K;
+  const float *xd = a->d + (int64_t)m * nb, *xs = a->s + (int64_t)m * nb;
+  const int32_t *xsum = a->sum + (int64_t)m * nb;
+  __m128 acc = _mm_setzero_ps();
+  for (int b = 0; b < nb; b++) {
+    __m256i x = _mm256_loadu_si256((const __m256i *)(xq + (int64_t)b * QK));
+    __m128i d = dots4(kind, w, (int64_t)n0 * nb + b, nb, x, xsum[b]);
+    float dw[4], mw[4];
+    for (int r = 0; r < 4; r++) {
+      int64_t i = (int64_t)(n0 + r) * nb + b;
+      dw[r] = h2f(kind == 4 ? ((const block_q4 *)w)[i].d : ((const block_q8 *)w)[i].d);
+      mw[r] = kind == 4 ? h2f(((const block_q4 *)w)[i].m) : 0.f;
+    }
+    __m128 sc = _mm_mul_ps(_mm_loadu_ps(dw), _mm_set1_ps(xd[b]));
+    acc = _mm_fmadd_ps(_mm_cvtepi32_ps(d), sc, acc);
+    if (kind == 4) acc = _mm_fmadd_ps(_mm_loadu_ps(mw), _mm_set1_ps(xs[b]), acc);
+  }
+  _mm_storeu_ps(y, acc);
+}
+
+/* A tile of tw <= TW weight rows [n0, n0 + tw) repacked: per block, the codes of GROUPS groups
+ * (a group: 4 bytes for VNNI, 2 int16 for AVX2) of the TW rows side by side (rows past tw zero),
+ * then dw [nb][TW] and mw [nb][TW]. */
+#ifdef I8_VNNI
+#define GROUPS 8
+#define GROUP_BYTES 4
+#else
+#define GROUPS 16
+#define GROUP_BYTES 4 /* two int16 */
+#endif
+#define TILE_BLOCK (GROUPS * TW * GROUP_BYTES)
+
+static void i8_repack(int kind, const void *w, int nb, int n0, int tw, uint8_t *buf) {
+  float *dw = (float *)(buf + (size_t)nb * TILE_BLOCK), *mw = dw + (size_t)nb * TW;
+  for (int b = 0; b < nb; b++) {
+    uint8_t *cb = buf + (size_t)b * TILE_BLOCK;
+#ifdef I8_VNNI
+    /* rows' code bytes 0..15 (groups 0..3) and 16..31 (groups 4..7), 4 rows per zmm */
+    __m512i lo[4], hi[4];
+    for (int q = 0; q < 4; q++) {
+      lo[q] = hi[q] = _mm512_setzero_si512();
+      for (int j = 0; j < 4; j++) {
+        int r = 4 * q + j;
+        if (r >= tw) break;
+        __m256i c = block_codes(kind, w, (int64_t)(n0 + r) * nb + b);
+        lo[q] = _mm512_inserti32x4(lo[q], _mm256_castsi256_si128(c), j);
+        hi[q] = _mm512_inserti32x4(hi[q], _mm256_extracti128_si256(c, 1), j);
+      }
+    }
+    /* a 16 x 4 transpose of dwords per half: group g of rows 0..15 into one zmm */
+    const __m512i ia = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
+    const __m512i ib = _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);
+    for (int h = 0; h < 2; h++) {
+      __m512i *z = h ? hi : lo;
+      __m512i p0 = _mm512_permutex2var_epi32(z[0], ia, z[1]), q0 = _mm512_permutex2var_epi32(z[2], ia, z[3]);
+      __m512i p1 = _mm512_permutex2var_epi32(z[0], ib, z[1]), q1 = _mm512_permutex2var_epi32(z[2], ib, z[3]);
+      __m512i *o = (__m512i *)(cb + (size_t)h * 4 * 64);
+      _mm512_store_si512(o + 0, _mm512_shuffle_i64x2(p0, q0, 0x44));
+      _mm512_store_si512(o + 1, _mm512_shuffle_i64x2(p0, q0, 0xEE));
+      _mm512_store_si512(o + 2, _mm512_shuffle_i64x2(p1, q1, 0x44));
+      _mm512_store_si512(o + 3, _mm512_shuffle_i64x2(p1, q1, 0xEE));
+    }
+#else
+    int32_t *o = (int32_t *)cb; /* [16 pairs][TW rows] of two int16 */
+    for (int r = 0; r < TW; r++) {
+      int16_t c16[QK];
+      if (r < tw) {
+        __m256i c = block_codes(kind, w, (int64_t)(n0 + r) * nb + b);
+        __m256i c0 = kind == 4 ? _mm256_cvtepu8_epi16(_mm256_castsi256_si128(c))
+                               : _mm256_cvtepi8_epi16(_mm256_castsi256_si128(c));
+        __m256i c1 = kind == 4 ? _mm256_cvtepu8_epi16(_mm256_extracti128_si256(c, 1))
+                               : _mm256_cvtepi8_epi16(_mm256_extracti128_si256(c, 1));
+        _mm256_storeu_si256((__m256i *)c16, c0);
+        _mm256_storeu_si256((__m256i *)(c16 + 16), c1);
+      } else {
+        memset(c16, 0, sizeof c16);
+      }
+      for (int p = 0; p < 16; p++) memcpy(o + p * TW + r, c16 + 2 * p, 4);
+    }
+#endif
+    for (int r = 0; r < TW; r++) {
+      int64_t i = (int64_t)(n0 + r) * nb + b;
+      int live = r < tw;
+      dw[b * TW + r] = live ? h2f(kind == 4 ? ((const block_q4 *)w)[i].d : ((const block_q8 *)w)[i].d) : 0.f;
+      mw[b * TW + r] = live && kind == 4 ? h2f(((const block_q4 *)w)[i].m) : 0.f;
+    }
+  }
+}
+
+#ifdef I8_VNNI
+typedef __m512 vtw_f;
+typedef __m512i vtw_i;
+#define VTW_ZERO_I() _mm512_setzero_si512()
+#define VTW_ZERO_F() _mm512_setzero_ps()
+#define VTW_LOAD_I(p) _mm512_load_si512((const void *)(p))
+#define VTW_LOAD_F(p) _mm512_loadu_ps(p)
+#define VTW_SET1_I(v) _mm512_set1_epi32(v)
+#define VTW_SET1_F(v) _mm512_set1_ps(v)
+#define VTW_DOT(acc, w, x) _mm512_dpbusd_epi32(acc, w, x)
+#define VTW_SUB_I(a, b) _mm512_sub_epi32(a, b)
+#define VTW_CVT(a) _mm512_cvtepi32_ps(a)
+#define VTW_MUL(a, b) _mm512_mul_ps(a, b)
+#define VTW_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VTW_STORE_F(p, v) _mm512_storeu_ps(p, v)
+#else
+typedef __m256 vtw_f;
+typedef __m256i vtw_i;
+#define VTW_ZERO_I() _mm256_setzero_si256()
+#define VTW_ZERO_F() _mm256_setzero_ps()
+#define VTW_LOAD_I(p) _mm256_load_si256((const __m256i *)(p))
+#define VTW_LOAD_F(p) _mm256_loadu_ps(p)
+#define VTW_SET1_I(v) _mm256_set1_epi32(v)
+#define VTW_SET1_F(v) _mm256_set1_ps(v)
+#define VTW_DOT(acc, w, x) _mm256_add_epi32(acc, _mm256_madd_epi16(w, x))
+#define VTW_SUB_I(a, b) _mm256_sub_epi32(a, b)
+#define VTW_CVT(a) _mm256_cvtepi32_ps(a)
+#define VTW_MUL(a, b) _mm256_mul_ps(a, b)
+#define VTW_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VTW_STORE_F(p, v) _mm256_storeu_ps(p, v)
+#endif
+
+/* A repacked tile (buf) against MR activation rows m0.. of a: out[m] = the TW outputs of row m
+ * before the bias. x16: the activations as int16 (AVX2 only; [M, K], VNNI reads a->q). Inlined
+ * with a constant MR. */
+static inline __attribute__((always_inline)) void i8_tile(int q4, const uint8_t *buf, const i8_act *a,
+                                                          const int16_t *x16, int m0, int MR,
+                                                          float *out) {
+  int nb = a->nb, K = a->K;
+  const float *dw = (const float *)(buf + (size_t)nb * TILE_BLOCK), *mw = dw + (size_t)nb * TW;
+  vtw_f acc[IMR];
+  _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) acc[m] = VTW_ZERO_F();
+  for (int b = 0; b < nb; b++) {
+    const uint8_t *cb = buf + (size_t)b * TILE_BLOCK;
+    vtw_i s[IMR];
+    _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) s[m] = VTW_ZERO_I();
+    _Pragma("GCC unroll 16") for (int g = 0; g < GROUPS; g++) {
+      vtw_i wv = VTW_LOAD_I(cb + (size_t)g * TW * GROUP_BYTES);
+      _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) {
+#ifdef I8_VNNI
+        int32_t xv = load4(a->q + (int64_t)(m0 + m) * K + (int64_t)b * QK + 4 * g);
+#else
+        int32_t xv;
+        memcpy(&xv, x16 + (int64_t)(m0 + m) * K + (int64_t)b * QK + 2 * g, 4);
+#endif
+        s[m] = VTW_DOT(s[m], wv, VTW_SET1_I(xv));
+      }
+    }
+    vtw_f vdw = VTW_LOAD_F(dw + (size_t)b * TW), vmw = VTW_LOAD_F(mw + (size_t)b * TW);
+    _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) {
+      int64_t mb = (int64_t)(m0 + m) * nb + b;
+      vtw_i d = s[m];
+#ifdef I8_VNNI
+      if (!q4) d = VTW_SUB_I(d, VTW_SET1_I(128 * a->sum[mb]));
+#endif
+      acc[m] = VTW_FMA(VTW_CVT(d), VTW_MUL(vdw, VTW_SET1_F(a->d[mb])), acc[m]);
+      if (q4) acc[m] = VTW_FMA(vmw, VTW_SET1_F(a->s[mb]), acc[m]);
+    }
+  }
+  (void)x16;
+  _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) VTW_STORE_F(out + (size_t)m * TW, acc[m]);
+}
+
+#define I8T(q, mr) \
+  case (mr) * 2 + (q): i8_tile(q, buf, a, x16, m0, mr, out); break;
+static void i8_tile_any(int q4, const uint8_t *buf, const i8_act *a, const int16_t *x16, int m0,
+                        int mr, float *out) {
+  switch (mr * 2 + q4) {
+    I8T(1, 1) I8T(0, 1) I8T(1, 2) I8T(0, 2) I8T(1, 3) I8T(0, 3) I8T(1, 4) I8T(0, 4)
+#if IMR == 8
+    I8T(1, 5) I8T(0, 5) I8T(1, 6) I8T(0, 6) I8T(1, 7) I8T(0, 7) I8T(1, 8) I8T(0, 8)
+#endif
+  }
+}
+#undef I8T
+#endif /* __AVX2__ */
+
+/* Output columns [n0, n1) of the int8-activation product for all rows of a (see above). */
+static void i8_gemm(int kind, const i8_act *a, int M, const void *w, const float *bias, int n0,
+                    int n1, float *y, int64_t y_stride) {
+  int nb = a->nb, q4 = kind == 4;
+#ifdef __AVX2__
+  if (M == 1) {
+    int n = n0;
+    for (; n + 4 <= n1; n += 4) i8_row4(kind, w, nb, n, a, 0, y + n);
+    for (; n < n1; n++) { /* the same steps, one output */
+      float acc = 0.f;
+      for (int b = 0; b < nb; b++) {
+        int64_t i = (int64_t)n * nb + b;
+        float dw = h2f(q4 ? ((const block_q4 *)w)[i].d : ((const block_q8 *)w)[i].d);
+        float mw = q4 ? h2f(((const block_q4 *)w)[i].m) : 0.f;
+        acc = i8_step(acc, dot_block_ref(kind, w, i, a->q + (int64_t)b * QK), dw, a->d[b], q4, mw, a->s[b]);
+      }
+      y[n] = acc;
+    }
+  } else {
+    uint8_t *buf = (uint8_t *)scratch_get(&tl_w, (size_t)nb * (TILE_BLOCK + 2 * TW * sizeof(float)));
+    const int16_t *x16 = NULL;
+#ifndef I8_VNNI
+    int16_t *t = (int16_t *)scratch_get(&tl_x16, sizeof(int16_t) * (size_t)M * a->K);
+    for (int64_t i = 0; i < (int64_t)M * a->K; i++) t[i] = a->q[i];
+    x16 = t;
+#endif
+    float out[IMR * TW];
+    for (int mb = 0; mb < M; mb += IMB) {
+      int me = M - mb < IMB ? M : mb + IMB;
+      for (int c = n0; c < n1; c += TW) {
+        int tw = n1 - c < TW ? n1 - c : TW;
+        i8_repack(kind, w, nb, c, tw, buf);
+        for (int m0 = mb; m0 < me; m0 += IMR) {
+          int mr = me - m0 < IMR ? me - m0 : IMR;
+          i8_tile_any(q4, buf, a, x16, m0, mr, out);
+          for (int m = 0; m < mr; m++) memcpy(y + (int64_t)(m0 + m) * y_stride + c, out + m * TW, sizeof(float) * tw);
+        }
+      }
+    }
+  }
+#else
+  for (int m = 0; m < M; m++)
+    for (int n = n0; n < n1; n++) {
+      float acc = 0.f;
+      const float *xd = a->d + (int64_t)m * nb, *xs = a->s + (int64_t)m * nb;
+      for (int b = 0; b < nb; b++) {
+        int64_t i = (int64_t)n * nb + b;
+        float dw = h2f(q4 ? ((const block_q4 *)w)[i].d : ((const block_q8 *)w)[i].d);
+        float mw = q4 ? h2f(((const block_q4 *)w)[i].m) : 0.f;
+        acc = i8_step(acc, dot_block_ref(kind, w, i, a->q + (int64_t)m * a->K + (int64_t)b * QK), dw, xd[b], q4, mw, xs[b]);
+      }
+      y[(int64_t)m * y_stride + n] = acc;
+    }
+#endif
+  if (bias)
+    for (int m = 0; m < M; m++)
+      for (int n = n0; n < n1; n++) y[(int64_t)m * y_stride + n] += bias[n];
+}
+
+/* fgemm_rows' int8-activation path: this thread quantizes all M rows itself (no barrier; the
+ * decode graph's batches are small) into its own scratch. */
+static void i8_rows(int kind, const float *x, int64_t x_stride, int M, int K, const void *w,
+                    const float *bias, int n0, int n1, float *y, int64_t y_stride) {
+  if (n0 >= n1) return;
+  i8_act a = i8_layout(M, K, (char *)scratch_get(&tl_act, i8_act_bytes(M, K)));
+  for (int m = 0; m < M; m++) i8_quantize_row(x + (int64_t)m * x_stride, &a, m);
+  i8_gemm(kind, &a, M, w, bias, n0, n1, y, y_stride);
+}
+
 static void share(int N, int tid, int nt, int *n0, int *n1);
 
 /* y [M, N] (row stride y_stride) = x [M, K] (row stride x_stride) . W^T (+ bias): kind 4 =
- * block_q4 weights, kind 8 = block_q8, both [N, K/32] blocks. Batch invariant (see above). */
+ * block_q4 weights, kind 8 = block_q8, both [N, K/32] blocks; | KIND_I8: int8 activations.
+ * Batch invariant either way (see above). */
 void infer_fgemm(int kind, const float *x, int64_t x_stride, int M, int K, const void *w,
                  const float *bias, int N, float *y, int64_t y_stride) {
+  char *act = NULL;
+  i8_act a;
+  if (kind & KIND_I8) { /* quantize the rows once, split across the threads */
+    act = (char *)aligned_alloc(64, (i8_act_bytes(M, K) + 63) & ~(size_t)63);
+    a = i8_layout(M, K, act);
+#pragma omp parallel for num_threads(M >= 4 ? g_threads : 1) schedule(static)
+    for (int m = 0; m < M; m++) i8_quantize_row(x + (int64_t)m * x_stride, &a, m);
+  }
 #pragma omp parallel num_threads(g_threads)
   {
     int nt = 1, tid = 0, n0, n1;
@@ -651,11 +1085,16 @@ void infer_fgemm(int kind, const float *x, int64_t x_stride, int M, int K, const
     nt = omp_get_num_threads();
     tid = omp_get_thread_num();
 #endif
-    float *wf = (float *)aligned_alloc(32, sizeof(float) * FR * (size_t)K);
     share(N, tid, nt, &n0, &n1);
-    fgemm_rows(kind, x, x_stride, M, K, w, bias, n0, n1, y, y_stride, wf);
-    free(wf);
+    if (act) {
+      if (n0 < n1) i8_gemm(kind & ~KIND_I8, &a, M, w, bias, n0, n1, y, y_stride);
+    } else {
+      float *wf = (float *)aligned_alloc(32, sizeof(float) * FR * (size_t)K);
+      fgemm_rows(kind, x, x_stride, M, K, w, bias, n0, n1, y, y_stride, wf);
+      free(wf);
+    }
   }
+  free(act);
 }
 
 /* o = w * src / sqrt(mean(src^2) + eps) for one row. */

@@ -7,10 +7,11 @@
   dequantized exactly, with per-row arithmetic that does not depend on how many rows share the
   call. So prefill, extends after a cache hit, chunks and decode batches of any size give every
   row the same bits, and the precision is chosen per model (float32 activations), never per
-  batch. The int8-activation kernel (``kernels.qgemm``, llama.cpp's Q8 scheme) is faster, and
-  its perplexity on the default model is within 1 % of the float32 reference, but its
-  distributions are further from it (KL and top-1 agreement in ``benchmarks/cpu_notes.md``) and
-  its batched and one-row paths sum in different orders, so no serving path uses it. Without
+  batch. ``INFER_CPU_ACTIVATIONS=int8`` opts a model into int8 activations instead (llama.cpp's
+  Q8 scheme: each row quantized per 32-block, exact integer block dot products, AVX-512 VNNI
+  where the CPU has it): the same kernel, as batch invariant, about twice as fast at batch 32,
+  with perplexity within 1 % of the float32 reference but distributions further from it (KL and
+  top-1 agreement in ``benchmarks/cpu_notes.md``), so it is not the default. Without
   the native kernels (no C compiler, or a bf16/fp16 model) Q4 blocks become torch's int4
   group-32 weights (exact) and Q8_0 per-row int8 (requantized), LM head per-row int8. Other block
   types, and unquantized tensors, stay dense in the model dtype.
@@ -22,6 +23,8 @@ kernels) and return outputs in the caller's dtype.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from infer.core.ops.linear import LinearMethod
@@ -32,6 +35,7 @@ from infer_cpu.quant.packing import (
     INT4_TYPES,
     INT8_TYPES,
     PackedInt4,
+    QWeight,
     gguf_int4_codes,
     gguf_q8_0_values,
     gguf_qweight,
@@ -43,6 +47,17 @@ from infer_cpu.quant.packing import (
 )
 
 COMPUTE_DTYPE = torch.bfloat16
+ACTIVATIONS_ENV = "INFER_CPU_ACTIVATIONS"  # "int8": the native GEMMs quantize activations to int8
+
+
+def int8_activations() -> bool:
+    """``INFER_CPU_ACTIVATIONS=int8``: the native block GEMMs (layers and LM head) run int8
+    activations; unset or ``float32``: float32 activations (the default). Anything else is an
+    error, not a silent default."""
+    value = os.environ.get(ACTIVATIONS_ENV, "float32").strip().lower()
+    if value not in ("int8", "float32", ""):
+        raise ValueError(f"{ACTIVATIONS_ENV}={value!r}: expected 'float32' (the default) or 'int8'")
+    return value == "int8"
 
 
 def refuse_nondeterministic(what: str) -> None:
@@ -50,9 +65,10 @@ def refuse_nondeterministic(what: str) -> None:
     is an error at load, never a silent fallback."""
     raise ValueError(
         f"--enable-deterministic-inference: {what} would not be batch invariant on the CPU. Only "
-        f"the native float32 path is: a GGUF model with Q4_0/Q4_1/Q8_0 linear weights at float32 "
-        f"activations (the default --dtype auto, with a C compiler for the native kernels) and a "
-        f"float32 KV cache; serve such a model or drop the flag")
+        f"the native path is: a GGUF model with Q4_0/Q4_1/Q8_0 linear weights at float32 "
+        f"activations (the default --dtype auto, with a C compiler for the native kernels; "
+        f"{ACTIVATIONS_ENV}=int8 is invariant too) and a float32 KV cache; serve such a model or "
+        f"drop the flag")
 
 
 def _drop_dense(layer: nn.Module) -> None:
@@ -74,7 +90,7 @@ class GGUFLinearMethod(LinearMethod):
         if qtype is not None and raw is not None:
             rows = layer.weight.shape[0]
             if qtype in INT4_TYPES | INT8_TYPES and self._native():
-                layer.qweight = gguf_qweight(raw, qtype, rows)
+                layer.qweight = self._activations(gguf_qweight(raw, qtype, rows))
                 layer.quant_kind = "native"
             elif qtype in INT4_TYPES:
                 layer.int4 = pack_int4(gguf_int4_codes(raw, qtype, rows), COMPUTE_DTYPE)
@@ -95,7 +111,7 @@ class GGUFLinearMethod(LinearMethod):
         Q8 blocks of 32 with the native kernels, else as per-row int8: about a quarter of the
         float32 bytes read per decode step."""
         if self._native():
-            qw = quantize_q8_blocks(lm_head.weight.data)
+            qw = self._activations(quantize_q8_blocks(lm_head.weight.data))
             lm_head.qweight = qw
 
             def native(hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
@@ -116,6 +132,10 @@ class GGUFLinearMethod(LinearMethod):
             return int8_matmul(hidden, q, scale)
 
         lm_head.quant_apply = apply
+
+    @staticmethod
+    def _activations(qw: QWeight) -> QWeight:
+        return qw.with_int8_activations() if int8_activations() else qw
 
     def _native(self) -> bool:
         """Native block kernels: float32 activations, and the library built on this machine."""

@@ -136,11 +136,15 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.
     return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
+KIND_I8 = 0x100  # QWeight.kind flag: the native GEMM runs int8 activations (the C file's KIND_I8)
+
+
 @dataclass
 class QWeight:
     """What the native kernels (``infer_cpu.kernels``) take: GGUF blocks of 32 weights, ``blocks``
     uint8 [N, K/32 * block bytes]. kind 4 = Q4_1 blocks (w = d * q + m, q in 0..15), kind 8 =
-    Q8_0 blocks (w = d * q, q int8); d and m float16."""
+    Q8_0 blocks (w = d * q, q int8); d and m float16. ``kind | KIND_I8``: the same blocks, and
+    the GEMM quantizes the activations to int8 (``with_int8_activations``)."""
 
     kind: int
     blocks: torch.Tensor
@@ -150,11 +154,24 @@ class QWeight:
     def dequantize(self) -> torch.Tensor:
         """float32 [N, K], exactly as gguf dequantises the blocks."""
         n = self.out_features
-        if self.kind == 8:
+        if self.block_kind == 8:
             return gguf_q8_0_values(self.blocks, n)
         b = _blocks(self.blocks, Q.Q4_1, n)
         d, m = _f16(b[..., 0:2])[..., None], _f16(b[..., 2:4])[..., None]  # [N, nb, 1]
         return (_nibbles(b[..., 4:]).float() * d + m).reshape(n, self.in_features)
+
+    @property
+    def block_kind(self) -> int:
+        """4 (Q4_1 blocks) or 8 (Q8_0 blocks), without the activation flag."""
+        return self.kind & ~KIND_I8
+
+    @property
+    def int8_activations(self) -> bool:
+        return bool(self.kind & KIND_I8)
+
+    def with_int8_activations(self) -> QWeight:
+        """The same blocks (shared, not copied), multiplied with int8 activations."""
+        return QWeight(self.kind | KIND_I8, self.blocks, self.out_features, self.in_features)
 
 
 def gguf_qweight(raw: torch.Tensor, qtype: Q, rows: int) -> QWeight:

@@ -1,0 +1,181 @@
+"""The native block GEMM (``kernels.fgemm``) in both activation precisions -- float32 (the
+default) and int8 (``QWeight.with_int8_activations``, ``INFER_CPU_ACTIVATIONS=int8``) -- against
+float64 references on the exact dequantised weights, in every build this CPU can run: the
+machine's own (``-march=native``: AVX-512 and VNNI here), AVX2 only, AVX-512 without VNNI, and
+portable C. Both paths are written so that every build gives the same bits (one chain per output
+in a fixed order, exact integer block dot products), which the tests check too: a tile, a tail or
+an instruction set that summed differently would show up as a difference.
+
+Shapes cover the tiles' remainders: weight rows N around the 16-row int8 tiles and 4-row float
+chunks, activation rows M around the 8- and 6-row register tiles, the 64-row float blocks and the
+256-row int8 blocks, K of 1 to 18 blocks."""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+import subprocess
+from pathlib import Path
+
+import gguf
+import pytest
+import torch
+from infer_cpu import kernels
+from infer_cpu.native_build import SOURCE, compiler
+from infer_cpu.quant.packing import Q, QWeight, gguf_qweight, quantize_q8_blocks
+
+pytestmark = pytest.mark.skipif(kernels.load() is None,
+                                reason=f"native kernels unavailable: {kernels.status().detail}")
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        line = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                    if ln.startswith("flags"))
+    except (OSError, StopIteration):
+        return set()
+    return set(line.split(":", 1)[1].split())
+
+
+# build name -> (compiler flags, CPU flags it needs)
+BUILDS = {
+    "avx2": (["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"], {"avx2", "fma", "f16c"}),
+    "avx512-no-vnni": (["-O3", "-march=native", "-mno-avx512vnni", "-fopenmp"],
+                       {"avx512f", "avx512bw", "avx512vl"}),
+    "portable": (["-O2"], set()),
+}
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory) -> dict[str, ctypes.CDLL]:
+    """The kernels compiled with each BUILDS entry this CPU runs (x86-64 with a C compiler)."""
+    cc = compiler()
+    if cc is None or platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("needs a C compiler on x86-64")
+    have, libs = _cpu_flags(), {}
+    tmp = tmp_path_factory.mktemp("builds")
+    for name, (flags, needs) in BUILDS.items():
+        if not needs <= have:
+            continue
+        out = tmp / f"lib_{name}.so"
+        subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", str(out), str(SOURCE), "-lm"],
+                       check=True, capture_output=True)
+        lib = ctypes.CDLL(str(out))
+        for fn, argtypes in kernels._SIGNATURES.items():
+            getattr(lib, fn).argtypes = argtypes
+            getattr(lib, fn).restype = None
+        lib.infer_set_threads(1)
+        libs[name] = lib
+    return libs
+
+
+def _call(lib: ctypes.CDLL, x: torch.Tensor, w: QWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    y = torch.full((x.shape[0], w.out_features), float("nan"))
+    lib.infer_fgemm(w.kind, x.data_ptr(), x.stride(0), x.shape[0], w.in_features,
+                    w.blocks.data_ptr(), bias.data_ptr() if bias is not None else None,
+                    w.out_features, y.data_ptr(), w.out_features)
+    return y
+
+
+def _weights(n: int, k: int, qtype: Q, seed: int) -> QWeight:
+    g = torch.Generator().manual_seed(seed)
+    # rows and blocks of very different magnitudes: a scale read from the wrong block or row
+    # changes the result far beyond rounding
+    scales = torch.rand(n, k // 32, 1, generator=g).add(0.05) * torch.rand(n, 1, 1, generator=g) * 4
+    w = (torch.randn(n, k // 32, 32, generator=g) * scales).reshape(n, k)
+    if qtype == "lm":
+        return quantize_q8_blocks(w)
+    return gguf_qweight(torch.from_numpy(gguf.quants.quantize(w.numpy(), qtype)), qtype, n)
+
+
+def _activations(m: int, k: int, seed: int) -> torch.Tensor:
+    """[m, k] rows of stride k + 40 (a view), scales differing per row and block, one zero block
+    (scale 0) and one block holding a single large value (codes at +-127)."""
+    g = torch.Generator().manual_seed(seed)
+    big = torch.randn(m, k + 40, generator=g)
+    x = big[:, 24:24 + k]
+    x.mul_(torch.rand(m, k // 32, generator=g).add(0.01).repeat_interleave(32, 1) * 6)
+    x[0, :32] = 0
+    if k >= 64:
+        x[-1, 32:64] = 0.01
+        x[-1, 40] = -50.0
+    return x
+
+
+def _int8_rows(x: torch.Tensor) -> torch.Tensor:
+    """The activations the int8 path multiplies, dequantised: per row and 32-block d = amax / 127,
+    codes round(x * (1 / d)) half to even, in float32 as the C code computes them."""
+    m, k = x.shape
+    xb = x.reshape(m, k // 32, 32)
+    d = xb.abs().amax(-1, keepdim=True) / 127
+    inv = torch.where(d != 0, 1 / d, torch.zeros_like(d))
+    return (torch.round(xb * inv) * d).reshape(m, k)
+
+
+def _check(y: torch.Tensor, x: torch.Tensor, w: QWeight, bias: torch.Tensor | None) -> None:
+    """Every element within float rounding of the float64 product of the activations the path
+    multiplies and the exact dequantised weights."""
+    xa = _int8_rows(x) if w.int8_activations else x
+    wd = w.dequantize().double()
+    want = xa.double() @ wd.t()
+    scale = xa.double().abs() @ wd.abs().t()
+    if bias is not None:
+        want, scale = want + bias.double(), scale + bias.double().abs()
+    err = ((y.double() - want).abs() / scale.clamp(min=1e-30)).max().item()
+    assert err < 2e-6, err
+
+
+CASES = [  # (N, K, M)
+    (1, 32, 1), (5, 64, 1), (37, 160, 1), (3, 64, 2), (15, 96, 7), (16, 160, 8), (17, 160, 9), (37, 576, 13), (50, 128, 33),
+    (33, 64, 67), (20, 576, 131),
+]
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["f32", "int8"])
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0, "lm"])
+@pytest.mark.parametrize("n,k,m", CASES)
+def test_native_build_against_reference(int8, qtype, n, k, m, with_threads):
+    w = _weights(n, k, qtype, seed=7 * n + k + m)
+    w = w.with_int8_activations() if int8 else w
+    x = _activations(m, k, seed=n + m)
+    bias = torch.randn(n) if n % 2 else None
+    for threads in (1, 2):  # through the wrapper, and into a NaN-filled output (a skipped element)
+        y = with_threads(threads, lambda: kernels.fgemm(x, w, bias))
+        _check(y, x, w, bias)
+        assert torch.equal(with_threads(threads, lambda: _call(kernels._lib(), x, w, bias)), y)
+
+
+@pytest.mark.parametrize("build", list(BUILDS))
+@pytest.mark.parametrize("int8", [False, True], ids=["f32", "int8"])
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0])
+def test_every_build_gives_the_same_bits(builds, build, int8, qtype, with_threads):
+    """Each build against the reference, and bit for bit equal to the machine's own build."""
+    if build not in builds:
+        pytest.skip(f"this CPU does not run the {build} build")
+    for n, k, m in CASES[:-1]:
+        w = _weights(n, k, qtype, seed=n * k + m)
+        w = w.with_int8_activations() if int8 else w
+        x = _activations(m, k, seed=m)
+        bias = torch.randn(n)
+        y = _call(builds[build], x, w, bias)
+        _check(y, x, w, bias)
+        assert torch.equal(y, with_threads(1, lambda x=x, w=w, b=bias: kernels.fgemm(x, w, b))), (n, k, m)
+
+
+def test_int8_blocks_of_more_than_256_rows(with_threads):
+    """Past the int8 path's 256-row activation blocks (a prefill), both threads."""
+    w = _weights(40, 96, Q.Q4_1, seed=3).with_int8_activations()
+    x = _activations(300, 96, seed=4)
+    alone = torch.cat([kernels.fgemm(x[i:i + 1], w) for i in range(x.shape[0])])
+    for threads in (1, 2):
+        y = with_threads(threads, lambda: kernels.fgemm(x, w))
+        _check(y, x, w, None)
+        assert torch.equal(y, alone)
+
+
+def test_int8_flag_keeps_the_blocks():
+    w = _weights(8, 64, Q.Q4_1, seed=1)
+    w8 = w.with_int8_activations()
+    assert w8.blocks is w.blocks and w8.int8_activations and not w.int8_activations
+    assert w8.block_kind == w.kind == 4
+    torch.testing.assert_close(w8.dequantize(), w.dequantize(), rtol=0, atol=0)
