@@ -10,7 +10,13 @@ Per step rank 0 turns the ScheduleBatch into ``StepInputs`` (plain host values),
 a ZMQ PUB socket that every other rank subscribes to, and runs its own shard; the others run
 theirs on the same inputs. Rank 0 alone samples (the LM head gathers the full vocabulary on every
 rank). The inputs travel as one pickled message: a decode step of 32 sequences is a few kB.
-Overlap scheduling is off here (the other ranks would need rank 0's sampled ids on their device).
+
+Overlap scheduling: a deferred step's sampled ids stay on rank 0's device, and the next step's
+inputs name them by placeholder (``-(row + 1)``, see ``ModelRunner``), which every rank resolves
+from its future-token buffer. So the message also says how many ids the step samples when it is
+deferred; after their forward every rank joins one broadcast of those ids from rank 0 over the
+process group (on the device stream: NCCL's is asynchronous, so rank 0 does not wait for it), into
+their own buffer. Steps that are not deferred broadcast nothing.
 
 Faults: a rank that dies makes the others' collectives fail; rank 0 also watches its children
 and ends its process (exit code 1) when one exits, so the server sees a dead engine and answers
@@ -125,10 +131,21 @@ def _worker_main(cfg: EngineConfig, platform_name: str, rank: int, host: str, po
             if msg == _STOP:
                 break
             if msg != _SYNC:
-                runner.forward(pickle.loads(msg))
+                inputs, deferred = pickle.loads(msg)
+                runner.forward(inputs)
+                if deferred:
+                    receive_future_ids(runner, deferred)
     finally:
         ctx.destroy(linger=0)
         dist.destroy_process_group()
+
+
+def receive_future_ids(runner: ModelRunner, n: int) -> None:
+    """Ranks 1..: rank 0's ``n`` sampled ids of a deferred step, into this rank's future-token
+    buffer (what the next step's placeholders read)."""
+    ids = torch.empty(n, dtype=torch.int64, device=runner.device)
+    dist.broadcast(ids, src=0)
+    runner._future = ids
 
 
 def _die_with_parent() -> None:
@@ -214,14 +231,21 @@ class MultiprocExecutor(Executor):
             time.sleep(0.005)
         joined.wait()
 
-    def _publish(self, inputs: StepInputs) -> None:
+    def _publish(self, inputs: StepInputs, deferred: int = 0) -> None:
+        """Hand a step's inputs to the other ranks; ``deferred``: the number of ids the step
+        samples when it is deferred (the other ranks then join their broadcast), else 0."""
         t = time.perf_counter()
-        self.pub.send(pickle.dumps(inputs, protocol=pickle.HIGHEST_PROTOCOL))
+        self.pub.send(pickle.dumps((inputs, deferred), protocol=pickle.HIGHEST_PROTOCOL))
         self.publish_seconds += time.perf_counter() - t
         self.steps += 1
 
     def launch(self, batch: ScheduleBatch, defer: bool) -> LaunchedStep:
-        return self.runner.launch(batch, False, publish=self._publish)
+        n = sum(s.num_sample for s in batch.seqs) if defer else 0
+        step = self.runner.launch(batch, defer, publish=lambda x: self._publish(x, n))
+        if n:  # the ids the next step's placeholders name, to every rank's buffer
+            assert len(step.reqs) == n, (len(step.reqs), n)
+            dist.broadcast(self.runner._future[:n], src=0)
+        return step
 
     def resolve(self, step: LaunchedStep) -> StepResult:
         return self.runner.resolve(step)

@@ -55,6 +55,35 @@ def test_tp2_gives_the_tokens_of_one_rank(tiny_model, cpu):
 
 
 @pytest.mark.slow
+def test_tp2_with_overlap_scheduling_gives_the_tokens_of_one_rank(tiny_model, cpu):
+    """Overlap scheduling across ranks: deferred steps' sampled ids stay on rank 0, the next
+    step's placeholders are resolved on every rank from the ids rank 0 broadcasts. (The CPU
+    default is off, the forward running on the host thread; it is switched on here to run the
+    protocol.)"""
+    prompts = random_prompts(5, seed=5)
+    params = {"max_new_tokens": 7, "temperature": 0, "ignore_eos": True}
+    want = {k: v[0] for k, v in run_all(_core(tiny_model[0], cpu), prompts, params).items()}
+    core = _core(tiny_model[0], cpu, tp_size=2, disable_overlap_schedule=False)
+    deferred = []
+    launch = core.executor.launch
+
+    def counted(batch, defer):
+        step = launch(batch, defer)
+        deferred.append(step.deferred and bool(step.reqs))
+        return step
+
+    core.executor.launch = counted
+    try:
+        assert core.overlap
+        got = {k: v[0] for k, v in run_all(core, prompts, params, stagger=2).items()}
+    finally:
+        core.shutdown()
+    assert sum(deferred) >= 5, deferred  # the decode steps ran deferred
+    assert got == want
+    assert all(p.poll() is not None for p in core.executor.procs), "rank processes left behind"
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("tp", [1, 2])
 def test_pipeline_stages_give_the_tokens_of_one_rank(tiny_model, cpu, tp):
     """--pp-size 2 (layers split into two stages passing hidden states with send/recv), alone and
