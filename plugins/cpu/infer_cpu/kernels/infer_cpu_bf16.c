@@ -16,6 +16,7 @@
  * bf16 values is exact in float32, sums are float32 (their order differs by path).
  */
 #include <math.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -48,6 +49,101 @@ typedef float act_t; /* bf16-rounded values held as float32 */
 static int g_threads = 1;
 
 void infer_bf16_set_threads(int n) { g_threads = n > 0 ? n : 1; }
+
+/* ---- a work pool whose caller never waits for a helper that has not started ----
+ * The per-op path's calls (GEMM, attention) are split into units. The caller publishes a job,
+ * wakes the helper threads and takes units itself, one at a time, as the helpers do; it then
+ * waits only for units a helper has taken and not finished. A helper that another process keeps
+ * off its core finds the job done when it runs and goes back to sleep, where an OpenMP region
+ * would make the caller wait for it at the closing barrier (on a shared 2-core machine, often a
+ * whole scheduler time slice per region). A unit is claimed by a compare-and-swap on the job's
+ * ticket (job number, unit count, next unit); the job's fields are read only after a claim
+ * succeeds, and the caller replaces them only when every unit is done, so a late helper never
+ * reads a later job's fields for an earlier job's unit. */
+typedef void (*pool_fn)(void *arg, int unit, int worker);
+
+#define POOL_MAX 64
+static struct {
+  _Atomic uint64_t ticket; /* job << 48 | units << 24 | next */
+  atomic_int done, job_nt, sleeping;
+  pool_fn fn;
+  void *arg;
+  int workers; /* helper threads started */
+  pthread_mutex_t call, mu;
+  pthread_cond_t cv;
+} g_pool = {0, 0, 0, 0, NULL, NULL, 0, PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
+            PTHREAD_COND_INITIALIZER};
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+/* Take and run units of the current job until none is left; worker w (0: the caller). */
+static void pool_take(int w) {
+  for (;;) {
+    uint64_t t = atomic_load(&g_pool.ticket);
+    uint64_t units = (t >> 24) & 0xFFFFFF, next = t & 0xFFFFFF;
+    if (next >= units || (w > 0 && w >= atomic_load(&g_pool.job_nt))) return;
+    if (!atomic_compare_exchange_weak(&g_pool.ticket, &t, t + 1)) continue;
+    g_pool.fn(g_pool.arg, (int)next, w);
+    atomic_fetch_add(&g_pool.done, 1);
+  }
+}
+
+static void *pool_worker(void *p) {
+  int w = (int)(intptr_t)p;
+  for (;;) {
+    pool_take(w);
+    uint64_t t = atomic_load(&g_pool.ticket);
+    for (int spins = 0; spins < 4000 && atomic_load(&g_pool.ticket) == t; spins++) cpu_relax();
+    if (atomic_load(&g_pool.ticket) != t) continue;
+    pthread_mutex_lock(&g_pool.mu);
+    atomic_fetch_add(&g_pool.sleeping, 1);
+    while (atomic_load(&g_pool.ticket) == t) pthread_cond_wait(&g_pool.cv, &g_pool.mu);
+    atomic_fetch_sub(&g_pool.sleeping, 1);
+    pthread_mutex_unlock(&g_pool.mu);
+  }
+  return NULL;
+}
+
+/* fn(arg, u, worker) for u in [0, units) on up to nt threads (worker < nt indexes per-thread
+ * scratch); returns when every unit is done. Calls from several threads take turns. */
+static void pool_run(pool_fn fn, void *arg, int units, int nt) {
+  if (units <= 0) return;
+  nt = nt < POOL_MAX ? nt : POOL_MAX;
+  if (nt <= 1 || units == 1) {
+    for (int u = 0; u < units; u++) fn(arg, u, 0);
+    return;
+  }
+  pthread_mutex_lock(&g_pool.call);
+  while (g_pool.workers < nt - 1) { /* helpers 1 .. nt - 1, started once, detached */
+    pthread_t th;
+    if (pthread_create(&th, NULL, pool_worker, (void *)(intptr_t)(g_pool.workers + 1))) break;
+    pthread_detach(th);
+    g_pool.workers++;
+  }
+  g_pool.fn = fn;
+  g_pool.arg = arg;
+  atomic_store(&g_pool.done, 0);
+  atomic_store(&g_pool.job_nt, nt);
+  uint64_t job = ((atomic_load(&g_pool.ticket) >> 48) + 1) & 0xFFFF;
+  atomic_store(&g_pool.ticket, job << 48 | (uint64_t)units << 24);
+  if (atomic_load(&g_pool.sleeping) > 0) {
+    pthread_mutex_lock(&g_pool.mu);
+    pthread_cond_broadcast(&g_pool.cv);
+    pthread_mutex_unlock(&g_pool.mu);
+  }
+  pool_take(0);
+  for (int spins = 0; atomic_load(&g_pool.done) < units; spins++) {
+    if (spins < 20000)
+      cpu_relax();
+    else
+      sched_yield();
+  }
+  pthread_mutex_unlock(&g_pool.call);
+}
 
 /* 3: AVX-512 BF16 (vdpbf16ps), 2: AVX2 + FMA, 0: portable C. */
 int infer_bf16_isa(void) {
@@ -231,30 +327,48 @@ static void block_share(int NB, int tid, int nt, int *b0, int *b1) {
   *b1 = (int)((int64_t)NB * (tid + 1) / nt);
 }
 
+typedef struct {
+  const void *x;
+  int x_bf16;
+  int64_t x_stride;
+  int M, K, K2, N, NB, per; /* per: column blocks per unit */
+  act_t *act;
+  const bf16 *P;
+  const float *bias;
+  void *y;
+  int y_bf16;
+  int64_t y_stride;
+} gemm_job;
+
+static void gemm_act_unit(void *p, int u, int w) { /* 64 activation rows */
+  const gemm_job *g = (const gemm_job *)p;
+  (void)w;
+  for (int m = u * 64; m < g->M && m < (u + 1) * 64; m++)
+    act_row((const char *)g->x + (int64_t)m * g->x_stride * (g->x_bf16 ? 2 : 4), g->x_bf16, g->K,
+            g->act + (int64_t)m * 2 * g->K2);
+}
+
+static void gemm_unit(void *p, int u, int w) {
+  const gemm_job *g = (const gemm_job *)p;
+  int b0 = u * g->per, b1 = b0 + g->per < g->NB ? b0 + g->per : g->NB;
+  (void)w;
+  gemm_blocks(g->act, 2 * g->K2, g->M, g->K2, g->P, g->bias, g->N, b0, b1, g->y, g->y_stride,
+              g->y_bf16);
+}
+
 /* y [M, N] = x [M, K] . W^T (+ bias), W pair-packed. x float32 or bf16 (x_bf16), row stride
- * x_stride; y float32 or bf16 (y_bf16), row stride y_stride; bias float32 [N] or NULL. */
+ * x_stride; y float32 or bf16 (y_bf16), row stride y_stride; bias float32 [N] or NULL. Units of
+ * the pool: groups of column blocks (about four per thread, whole register tiles). */
 void infer_bf16_gemm(const void *x, int x_bf16, int64_t x_stride, int M, int K, const bf16 *P,
                      const float *bias, int N, void *y, int y_bf16, int64_t y_stride) {
-  int K2 = (K + 1) / 2, NB = (N + CB - 1) / CB;
-  act_t *act = (act_t *)malloc(sizeof(act_t) * (size_t)M * 2 * K2);
-  int nt = g_threads < NB ? g_threads : NB;
-  (void)nt;
-#pragma omp parallel num_threads(nt)
-  {
-    int t = 0, n = 1;
-#ifdef _OPENMP
-    t = omp_get_thread_num();
-    n = omp_get_num_threads();
-#endif
-#pragma omp for schedule(static)
-    for (int m = 0; m < M; m++)
-      act_row((const char *)x + (int64_t)m * x_stride * (x_bf16 ? 2 : 4), x_bf16, K,
-              act + (int64_t)m * 2 * K2);
-    int b0, b1;
-    block_share(NB, t, n, &b0, &b1);
-    gemm_blocks(act, 2 * K2, M, K2, P, bias, N, b0, b1, y, y_stride, y_bf16);
-  }
-  free(act);
+  int K2 = (K + 1) / 2, NB = (N + CB - 1) / CB, nt = g_threads;
+  int per = (NB + 4 * nt - 1) / (4 * nt);
+  per = (per + TILE_TB - 1) / TILE_TB * TILE_TB;
+  gemm_job g = {x, x_bf16, x_stride, M, K, K2, N, NB, per,
+                (act_t *)malloc(sizeof(act_t) * (size_t)M * 2 * K2), P, bias, y, y_bf16, y_stride};
+  pool_run(gemm_act_unit, &g, (M + 63) / 64, (int64_t)M * K >= 65536 ? nt : 1);
+  pool_run(gemm_unit, &g, (NB + per - 1) / per, nt);
+  free(g.act);
 }
 
 /* ---- row ops of bf16 models' per-op path, rounded where the torch references round ---- */
@@ -322,18 +436,31 @@ void infer_bf16_rope(const int64_t *pos, bf16 *q, int64_t q_stride, int H, bf16 
   }
 }
 
+typedef struct {
+  const bf16 *x;
+  int64_t x_stride;
+  bf16 *out;
+  int T, I;
+} silu_job;
+
+static void silu_unit(void *p, int u, int w) { /* 16 rows */
+  const silu_job *j = (const silu_job *)p;
+  (void)w;
+  for (int t = u * 16; t < j->T && t < (u + 1) * 16; t++) {
+    const bf16 *g = j->x + (int64_t)t * j->x_stride;
+    for (int i = 0; i < j->I; i++) {
+      float gv = bf16_to_f32(g[i]);
+      float sl = bf16_to_f32(f32_to_bf16(gv / (1.f + expf(-gv))));
+      j->out[(int64_t)t * j->I + i] = f32_to_bf16(sl * bf16_to_f32(g[j->I + i]));
+    }
+  }
+}
+
 /* out [T, I] = silu(x[:, :I]) * x[:, I:] for bf16 x (row stride x_stride): silu rounded to bf16,
  * then the product rounded (F.silu and the multiply of the reference). */
 void infer_bf16_silu_mul(const bf16 *x, int64_t x_stride, bf16 *out, int T, int I) {
-#pragma omp parallel for num_threads(g_threads) schedule(static) if ((int64_t)T * I >= 65536)
-  for (int t = 0; t < T; t++) {
-    const bf16 *g = x + (int64_t)t * x_stride;
-    for (int i = 0; i < I; i++) {
-      float gv = bf16_to_f32(g[i]);
-      float sl = bf16_to_f32(f32_to_bf16(gv / (1.f + expf(-gv))));
-      out[(int64_t)t * I + i] = f32_to_bf16(sl * bf16_to_f32(g[I + i]));
-    }
-  }
+  silu_job j = {x, x_stride, out, T, I};
+  pool_run(silu_unit, &j, (T + 15) / 16, (int64_t)T * I >= 65536 ? g_threads : 1);
 }
 
 /* ---- decode attention over a paged bf16 cache ---- */
@@ -520,6 +647,24 @@ static void prefill_unit(const bf16_prefill *a, int seq, int g, int t0, int t1, 
     }
 }
 
+typedef struct {
+  const bf16_prefill *a;
+  const int32_t *unit0; /* per sequence: its first unit */
+  int n_seqs;
+  pf_scratch *w; /* per worker */
+} pf_job;
+
+/* Unit u, counted from the end: the last query blocks see the most keys and go first. */
+static void prefill_job_unit(void *p, int u, int worker) {
+  const pf_job *j = (const pf_job *)p;
+  u = j->unit0[j->n_seqs] - 1 - u;
+  int s = 0;
+  while (j->unit0[s + 1] <= u) s++;
+  int i = u - j->unit0[s], ext = j->a->ext_lens[s], qb = i / j->a->Hkv, g = i % j->a->Hkv;
+  int t0 = qb * QB, t1 = t0 + QB < ext ? t0 + QB : ext;
+  prefill_unit(j->a, s, g, t0, t1, j->w + worker);
+}
+
 /* Write k, v [T, Hkv, D] (row strides k_stride, v_stride) at slots [T] of the bf16 caches, then
  * attend every query row of every sequence (above). out [T, H, D] bf16, contiguous. */
 void infer_bf16_prefill_attention(const bf16 *q, int64_t q_stride, const bf16 *k, int64_t k_stride,
@@ -543,28 +688,19 @@ void infer_bf16_prefill_attention(const bf16 *q, int64_t q_stride, const bf16 *k
   bf16_prefill a = {q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, ext_lens,
                     row0, out, H, Hkv, D, page, scale};
   int units = unit0[n_seqs], nt = g_threads < units ? g_threads : units;
-  (void)nt;
-#pragma omp parallel num_threads(nt)
-  {
-    pf_scratch w;
-    memset(&w, 0, sizeof w);
-    /* the last query blocks see the most keys: hand them out first */
-#pragma omp for schedule(dynamic, 1)
-    for (int u = units - 1; u >= 0; u--) {
-      int s = 0;
-      while (unit0[s + 1] <= u) s++;
-      int i = u - unit0[s], nqb = (ext_lens[s] + QB - 1) / QB, qb = i / Hkv, g = i % Hkv;
-      int t0 = qb * QB, t1 = t0 + QB < ext_lens[s] ? t0 + QB : ext_lens[s];
-      (void)nqb;
-      prefill_unit(&a, s, g, t0, t1, &w);
-    }
-    free(w.kp);
-    free(w.vp);
-    free(w.qa);
-    free(w.pa);
-    free(w.s);
-    free(w.o);
+  nt = nt < POOL_MAX ? nt : POOL_MAX;
+  pf_scratch *w = (pf_scratch *)calloc((size_t)(nt > 0 ? nt : 1), sizeof(pf_scratch));
+  pf_job job = {&a, unit0, n_seqs, w};
+  pool_run(prefill_job_unit, &job, units, nt);
+  for (int i = 0; i < nt; i++) {
+    free(w[i].kp);
+    free(w[i].vp);
+    free(w[i].qa);
+    free(w[i].pa);
+    free(w[i].s);
+    free(w[i].o);
   }
+  free(w);
   free(row0);
   free(unit0);
 }
