@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
@@ -22,9 +23,21 @@ def _platform(emulated: bool):  # noqa: ANN202
     return get_plugin_host().select("ascend")
 
 
-def run(rank: int, world: int, port: int, out_dir: str, emulated: bool, cases: list[dict]) -> None:
-    """For each case {name, path, tp, ep, work}: load this rank's shard on the Ascend platform
-    and run the batches ``work`` (lists of (seq, tokens)) through the paged driver."""
+def run(rank: int, world: int, port: int, out_dir: str, emulated: bool, cases: list[dict],
+        done: Any) -> None:
+    """For each case {name, path, tp, ep, quantization, work}: load this rank's shard on the Ascend platform
+    and run the batches ``work`` (lists of (seq, tokens)) through the paged driver.
+
+    Teardown: ``done`` (a multiprocessing Barrier of the ``world`` ranks, outside the process
+    group) is passed once every rank has finished its last collective and saved its results, and
+    again once every rank has destroyed its group. Without it a rank that finished first tore its
+    group down and exited (closing its gloo connections, and on rank 0 the TCPStore server the
+    group was formed through) while a rank slowed by a loaded machine could still be completing
+    its last collective or destroying its group; an error raised there in gloo's or the store's
+    native threads ends the process with SIGABRT. That is the likely cause of the abort seen
+    once at the end of test_two_ranks_match_one; it did not recur here (3 runs under two busy
+    loops before this change, nor in small gloo programs whose ranks exit at different times),
+    so the handshake removes the window rather than a reproduced failure."""
     platform = _platform(emulated)
     import torch
     import torch.distributed as dist
@@ -40,7 +53,8 @@ def run(rank: int, world: int, port: int, out_dir: str, emulated: bool, cases: l
     out = {}
     for c in cases:
         loaded = load_model(c["path"], platform=platform, host=get_plugin_host(), dtype="float16",
-                            page_size=PAGE, skip_tokenizer_init=True, progress=False,
+                            quantization=c["quantization"], page_size=PAGE,
+                            skip_tokenizer_init=True, progress=False,
                             tp_size=c["tp"], tp_rank=rank, ep_size=c["ep"])
         pages = Pages(loaded, torch.device(platform.torch_device))
         out[c["name"]] = [torch.cat(pages.step(batch)) for batch in c["work"]]
@@ -48,4 +62,6 @@ def run(rank: int, world: int, port: int, out_dir: str, emulated: bool, cases: l
                                                      device=platform.torch_device), dim=-1)
     out["_all_gather"] = gathered.cpu()
     torch.save(out, Path(out_dir) / f"rank{rank}.pt")
+    done.wait(timeout=300)  # every rank is past its last collective
     dist.destroy_process_group()
+    done.wait(timeout=300)  # every rank has destroyed its group: the store may go
