@@ -51,6 +51,7 @@ class NativeDecodeGraph(GraphRunner):
         self._ar_fn: int | None = None  # the all-reduce the native step calls (tp > 1)
         self._ar_state: int | None = None
         self._ar_errors: list[BaseException] = []  # raised by the callback route
+        self._comm: Any = None
         self.all_reduce_route = "none (one rank)"
 
     # -- capture -------------------------------------------------------------------------------
@@ -143,6 +144,7 @@ class NativeDecodeGraph(GraphRunner):
         """The communicator's C all-reduce if it has one (the shared-memory segment), else a
         callback into its ``all_reduce``. Every rank gets here at the same point of capture:
         the first ``native_all_reduce()`` sets the segment up, a collective."""
+        self._comm = comm
         native = getattr(comm, "native_all_reduce", None)
         handle = native() if native is not None else None
         if handle is not None:
@@ -193,7 +195,7 @@ class NativeDecodeGraph(GraphRunner):
         if rc:
             if self._ar_errors:
                 raise self._ar_errors.pop()
-            raise RuntimeError(self.mr.loaded.ctx.comm.native_error())
+            raise RuntimeError(self._comm.native_error())
         return model.compute_logits(h, batch)
 
 
