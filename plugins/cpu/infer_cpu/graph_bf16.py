@@ -9,11 +9,12 @@ per-op path keeps the residual in bf16 too), so the two paths agree closely, not
 both are tested against transformers. The final norm and the LM head run in the same native call
 (float32 logits, as ``compute_logits`` gives).
 
-Threads: the call's threads meet at 4 barriers per layer, so when another process holds one of
-the two cores, every barrier waits for a descheduled peer and two threads are slower than one.
-``ThreadChoice`` picks the team size per batch-size class from measured step times (one step in
-16 tries the other size, so a change of load is followed); ``INFER_CPU_BF16_DECODE_THREADS``
-fixes it instead.
+Threads: the call runs each layer as four jobs of the kernels' work pool (attention by KV group
+and rows; o projection, gate/up with SiLU, down projection by columns), whose caller waits only
+for units a helper thread has taken; still, a helper descheduled in the middle of a unit holds
+the job up, so ``ThreadChoice`` picks the thread count per batch-size class from measured step
+times (one step in 16 tries the other count, so a change of load is followed);
+``INFER_CPU_BF16_DECODE_THREADS`` fixes it instead.
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ def isa() -> str | None:
 
 
 def lib_for_call() -> ctypes.CDLL | None:
-    """The library with its OpenMP team sized to torch's current thread count."""
+    """The library with its work pool sized to torch's current thread count."""
     lib = _state["lib"] if "lib" in _state else load()
     if lib is not None:
         n = torch.get_num_threads()

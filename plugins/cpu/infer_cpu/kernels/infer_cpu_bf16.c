@@ -14,6 +14,9 @@
  *
  * Numerics, every path: activations are rounded to bf16 (nearest even), each product of two
  * bf16 values is exact in float32, sums are float32 (their order differs by path).
+ *
+ * Threads: every multi-threaded call runs on the work pool below (no OpenMP), whose caller never
+ * waits for a helper thread that has not started.
  */
 #include <math.h>
 #include <pthread.h>
@@ -24,9 +27,6 @@
 #include <string.h>
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
-#endif
-#ifdef _OPENMP
-#include <omp.h>
 #endif
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -319,12 +319,6 @@ static void gemm_blocks(const act_t *act, int64_t xs, int M, int K2, const bf16 
       }
   }
   free(acc);
-}
-
-/* Thread tid's share [b0, b1) of NB column blocks (contiguous, sizes differ by at most one). */
-static void block_share(int NB, int tid, int nt, int *b0, int *b1) {
-  *b0 = (int)((int64_t)NB * tid / nt);
-  *b1 = (int)((int64_t)NB * (tid + 1) / nt);
 }
 
 typedef struct {
@@ -741,32 +735,6 @@ typedef struct {
   bf16 *k_cache, *v_cache;             /* [pages, page, Hkv, D] */
 } infer_bf16_layer;
 
-/* Barrier of one parallel region's threads: spin briefly (the peer is usually microseconds
- * behind), then yield the core (on a shared machine the peer may be descheduled). */
-typedef struct {
-  atomic_int arrived, phase;
-  int n;
-} team_barrier;
-
-static void team_wait(team_barrier *b) {
-  if (b->n <= 1) return;
-  int ph = atomic_load_explicit(&b->phase, memory_order_acquire);
-  if (atomic_fetch_add_explicit(&b->arrived, 1, memory_order_acq_rel) == b->n - 1) {
-    atomic_store_explicit(&b->arrived, 0, memory_order_relaxed);
-    atomic_fetch_add_explicit(&b->phase, 1, memory_order_release);
-    return;
-  }
-  for (int spins = 0; atomic_load_explicit(&b->phase, memory_order_acquire) == ph; spins++) {
-    if (spins < 4000) {
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
-    } else {
-      sched_yield();
-    }
-  }
-}
-
 typedef struct {
   const infer_bf16_layer *layers;
   int n_layers, B, hidden, H, Hkv, D, inter, rot_dim, page;
@@ -778,17 +746,29 @@ typedef struct {
   int64_t bt_stride;
 } bf16_step;
 
-/* The step's buffers, and this thread's place in the team. */
+/* The step's shared buffers and the current layer; scratch per pool worker. */
 typedef struct {
-  act_t *mine;   /* [B, as], this thread's: normed rows, or the o projection's input rows */
-  act_t *down;   /* [B, as], shared: silu(g) * u, the down projection's input rows */
-  float *qkv;    /* [B, (H + 2 Hkv) D], shared (each thread its own columns) */
-  float *gu;     /* [B, 2 inter], shared likewise */
-  bf16 *att;     /* [B, H D], shared: attention outputs */
-  int64_t as;    /* row stride of mine / down */
-  int tid, nt;
-  team_barrier *bar;
-} bf16_team;
+  float *tmp, *s, *o; /* [kmax], [G * lmax], [G * D] */
+} dec_scratch;
+
+typedef struct {
+  const bf16_step *st;
+  const infer_bf16_layer *L;
+  act_t *xn;   /* [B, as]: normed rows (the qkv / gate-up input), then the o projection's input */
+  act_t *down; /* [B, as]: silu(g) * u, the down projection's input */
+  float *qkv;  /* [B, max(qkv_w, hidden)]: q, k, v, then the o / down outputs */
+  float *gu;   /* [B, 2 inter] */
+  bf16 *att;   /* [B, H D]: attention outputs */
+  const act_t *a_in; /* the o projection's input rows (att itself, or xn), row stride a_s */
+  int64_t as, a_s;
+  int split_heads, split_inter, rows_a; /* phase A: KV groups x chunks of rows_a rows */
+  int per_h, per_i, per_v;              /* column blocks per unit: hidden, inter, vocab */
+  const float *final_norm;
+  const bf16 *lm_head;
+  int vocab;
+  float *logits;
+  dec_scratch *w;
+} dec_job;
 
 /* y[:, [c0, c1)] of one projection for this thread's column range (multiples of CB, or c1 = N). */
 static void gemm_cols(const act_t *act, int64_t as, int B, int K, const bf16 *P, const float *bias,
@@ -797,76 +777,83 @@ static void gemm_cols(const act_t *act, int64_t as, int B, int K, const bf16 *P,
     gemm_blocks(act, as, B, (K + 1) / 2, P, bias, N, c0 / CB, (c1 + CB - 1) / CB, y, N, 0);
 }
 
-/* Threads meet at four barriers per layer. Each thread owns whole KV groups (the query heads of
- * a KV head and that head's k / v columns): it projects their q, k, v, rotates them, writes the
- * cache and attends, with no barrier in between; it owns matching gate and up columns, so
- * silu(g) * u needs none either. The norms are recomputed by every thread on private rows.
- * Ownership needs head_dim and inter multiples of 16 (the GEMM's column block); otherwise
- * thread 0 does those phases alone. */
-static void decode_layer(const bf16_step *st, const infer_bf16_layer *L, bf16_team *t,
-                         float *tmp, float *s, float *o) {
-  int B = st->B, hid = st->hidden, D = st->D, H = st->H, Hkv = st->Hkv, I = st->inter;
-  int G = H / Hkv, qkv_w = (H + 2 * Hkv) * D, att_w = H * D, g0, g1, c0, c1;
+/* [c0, c1) of unit u's column blocks (per blocks each) of an N-column output. */
+static void unit_cols(int u, int per, int N, int *c0, int *c1) {
+  *c0 = u * per * CB;
+  *c1 = (u + 1) * per * CB < N ? (u + 1) * per * CB : N;
+}
+
+/* Phase A, unit = (KV groups, rows): q of the groups' query heads, their k and v, rotary, the
+ * cache write and attention. A unit owns whole KV groups (head_dim a multiple of the GEMM's
+ * column block), or all of them when head_dim is not. */
+static void dec_attn_unit(void *p, int u, int worker) {
+  const dec_job *j = (const dec_job *)p;
+  const bf16_step *st = j->st;
+  const infer_bf16_layer *L = j->L;
+  int B = st->B, hid = st->hidden, D = st->D, H = st->H, Hkv = st->Hkv, G = H / Hkv;
+  int qkv_w = (H + 2 * Hkv) * D, att_w = H * D, ng = j->split_heads ? Hkv : 1;
+  int g0 = j->split_heads ? u % ng : 0, g1 = j->split_heads ? g0 + 1 : Hkv;
+  int r0 = (u / ng) * j->rows_a, r1 = r0 + j->rows_a < B ? r0 + j->rows_a : B, n = r1 - r0;
   int64_t row = (int64_t)Hkv * D;
-  int split_heads = D % CB == 0, split_inter = I % CB == 0;
-  for (int m = 0; m < B; m++)
-    rms_act_row(st->h + (int64_t)m * hid, L->in_norm, hid, st->eps, tmp, t->mine + m * t->as);
-  block_share(Hkv, split_heads ? t->tid : 0, split_heads ? t->nt : 1, &g0, &g1);
-  if (!split_heads && t->tid) g0 = g1 = 0;
-  if (g0 < g1) {
-    /* q of heads [g0 G, g1 G), k and v of KV heads [g0, g1) */
-    gemm_cols(t->mine, t->as, B, hid, L->wqkv, L->bqkv, qkv_w, g0 * G * D, g1 * G * D, t->qkv);
-    gemm_cols(t->mine, t->as, B, hid, L->wqkv, L->bqkv, qkv_w, att_w + g0 * D, att_w + g1 * D,
-              t->qkv);
-    gemm_cols(t->mine, t->as, B, hid, L->wqkv, L->bqkv, qkv_w, att_w + Hkv * D + g0 * D,
-              att_w + Hkv * D + g1 * D, t->qkv);
-    for (int m = 0; m < B; m++) {
-      float *q = t->qkv + (int64_t)m * qkv_w, *k = q + att_w, *v = k + row;
-      const float *cs = st->cos_sin + st->pos[m] * st->rot_dim;
-      rope_heads(q + (int64_t)g0 * G * D, (g1 - g0) * G, D, st->rot_dim, cs);
-      rope_heads(k + (int64_t)g0 * D, g1 - g0, D, st->rot_dim, cs);
-      for (int64_t i = (int64_t)g0 * D; i < (int64_t)g1 * D; i++) {
-        L->k_cache[st->slots[m] * row + i] = f32_to_bf16(k[i]);
-        L->v_cache[st->slots[m] * row + i] = f32_to_bf16(v[i]);
-      }
+  const act_t *x = j->xn + r0 * j->as;
+  float *y = j->qkv + (int64_t)r0 * qkv_w;
+  gemm_cols(x, j->as, n, hid, L->wqkv, L->bqkv, qkv_w, g0 * G * D, g1 * G * D, y);
+  gemm_cols(x, j->as, n, hid, L->wqkv, L->bqkv, qkv_w, att_w + g0 * D, att_w + g1 * D, y);
+  gemm_cols(x, j->as, n, hid, L->wqkv, L->bqkv, qkv_w, att_w + Hkv * D + g0 * D,
+            att_w + Hkv * D + g1 * D, y);
+  for (int m = r0; m < r1; m++) {
+    float *q = j->qkv + (int64_t)m * qkv_w, *k = q + att_w, *v = k + row;
+    const float *cs = st->cos_sin + st->pos[m] * st->rot_dim;
+    rope_heads(q + (int64_t)g0 * G * D, (g1 - g0) * G, D, st->rot_dim, cs);
+    rope_heads(k + (int64_t)g0 * D, g1 - g0, D, st->rot_dim, cs);
+    for (int64_t i = (int64_t)g0 * D; i < (int64_t)g1 * D; i++) {
+      L->k_cache[st->slots[m] * row + i] = f32_to_bf16(k[i]);
+      L->v_cache[st->slots[m] * row + i] = f32_to_bf16(v[i]);
     }
-    bf16_attn at = {t->qkv, qkv_w, L->k_cache, L->v_cache, st->block_tables, st->bt_stride,
-                    st->seq_lens, t->att, H, Hkv, D, st->page, st->scale};
-    for (int b = 0; b < B; b++)
-      for (int g = g0; g < g1; g++) attend_unit(&at, b * Hkv + g, s, o);
   }
-  team_wait(t->bar);
-  /* o projection: h[:, own columns] += att Wo^T */
-  const act_t *a_in = t->mine;
-  int64_t a_s = t->as;
-#ifdef BF16_DP
-  if (att_w % 2 == 0) { /* att rows are already the GEMM's bf16 pairs */
-    a_in = t->att;
-    a_s = att_w;
-  } else
-#endif
-    for (int m = 0; m < B; m++) act_row(t->att + (int64_t)m * att_w, 1, att_w, t->mine + m * t->as);
-  int b0, b1;
-  block_share((hid + CB - 1) / CB, t->tid, t->nt, &b0, &b1);
-  c0 = b0 * CB;
-  c1 = b1 * CB < hid ? b1 * CB : hid;
-  gemm_cols(a_in, a_s, B, att_w, L->wo, NULL, hid, c0, c1, t->qkv);
-  for (int m = 0; m < B; m++)
-    for (int c = c0; c < c1; c++) st->h[(int64_t)m * hid + c] += t->qkv[(int64_t)m * hid + c];
-  team_wait(t->bar);
-  for (int m = 0; m < B; m++)
-    rms_act_row(st->h + (int64_t)m * hid, L->post_norm, hid, st->eps, tmp, t->mine + m * t->as);
-  /* gate and up columns [c0, c1) and [I + c0, I + c1), then silu(g) * u of those columns */
-  block_share((I + CB - 1) / CB, split_inter ? t->tid : 0, split_inter ? t->nt : 1, &b0, &b1);
-  c0 = b0 * CB;
-  c1 = b1 * CB < I ? b1 * CB : I;
-  if (!split_inter && t->tid) c0 = c1 = 0;
-  gemm_cols(t->mine, t->as, B, hid, L->wgu, NULL, 2 * I, c0, c1, t->gu);
-  gemm_cols(t->mine, t->as, B, hid, L->wgu, NULL, 2 * I, I + c0, I + c1, t->gu);
-  for (int m = 0; m < B; m++) {
-    const float *g = t->gu + (int64_t)m * 2 * I;
+  bf16_attn at = {j->qkv, qkv_w, L->k_cache, L->v_cache, st->block_tables, st->bt_stride,
+                  st->seq_lens, j->att, H, Hkv, D, st->page, st->scale};
+  for (int b = r0; b < r1; b++)
+    for (int g = g0; g < g1; g++) attend_unit(&at, b * Hkv + g, j->w[worker].s, j->w[worker].o);
+}
+
+/* Phases B and D, unit = hidden columns: h[:, cols] += (o or down projection)[:, cols]. */
+static void dec_residual_unit(const dec_job *j, int u, const act_t *in, int64_t in_s, int K,
+                              const bf16 *W) {
+  const bf16_step *st = j->st;
+  int hid = st->hidden, c0, c1;
+  unit_cols(u, j->per_h, hid, &c0, &c1);
+  gemm_cols(in, in_s, st->B, K, W, NULL, hid, c0, c1, j->qkv);
+  for (int m = 0; m < st->B; m++)
+    for (int c = c0; c < c1; c++) st->h[(int64_t)m * hid + c] += j->qkv[(int64_t)m * hid + c];
+}
+
+static void dec_o_unit(void *p, int u, int worker) {
+  const dec_job *j = (const dec_job *)p;
+  (void)worker;
+  dec_residual_unit(j, u, j->a_in, j->a_s, j->st->H * j->st->D, j->L->wo);
+}
+
+static void dec_down_unit(void *p, int u, int worker) {
+  const dec_job *j = (const dec_job *)p;
+  (void)worker;
+  dec_residual_unit(j, u, j->down, j->as, j->st->inter, j->L->wdown);
+}
+
+/* Phase C, unit = inter columns (all of them when inter is not a multiple of the column block):
+ * the matching gate and up columns, then silu(g) * u of those columns, rounded to bf16. */
+static void dec_mlp_unit(void *p, int u, int worker) {
+  const dec_job *j = (const dec_job *)p;
+  const bf16_step *st = j->st;
+  int I = st->inter, c0 = 0, c1 = I;
+  float *tmp = j->w[worker].tmp;
+  if (j->split_inter) unit_cols(u, j->per_i, I, &c0, &c1);
+  gemm_cols(j->xn, j->as, st->B, st->hidden, j->L->wgu, NULL, 2 * I, c0, c1, j->gu);
+  gemm_cols(j->xn, j->as, st->B, st->hidden, j->L->wgu, NULL, 2 * I, I + c0, I + c1, j->gu);
+  for (int m = 0; m < st->B; m++) {
+    const float *g = j->gu + (int64_t)m * 2 * I;
     for (int i = c0; i < c1; i++) tmp[i] = g[i] / (1.f + expf(-g[i])) * g[I + i];
-    act_t *dst = t->down + m * t->as;
+    act_t *dst = j->down + m * j->as;
 #ifdef BF16_DP
     for (int i = c0; i < c1; i++) dst[i] = f32_to_bf16(tmp[i]);
 #else
@@ -874,21 +861,62 @@ static void decode_layer(const bf16_step *st, const infer_bf16_layer *L, bf16_te
 #endif
     if ((I & 1) && c1 == I) dst[I] = 0; /* the odd tail's pad */
   }
-  team_wait(t->bar);
-  block_share((hid + CB - 1) / CB, t->tid, t->nt, &b0, &b1);
-  c0 = b0 * CB;
-  c1 = b1 * CB < hid ? b1 * CB : hid;
-  gemm_cols(t->down, t->as, B, I, L->wdown, NULL, hid, c0, c1, t->qkv);
-  for (int m = 0; m < B; m++)
-    for (int c = c0; c < c1; c++) st->h[(int64_t)m * hid + c] += t->qkv[(int64_t)m * hid + c];
-  team_wait(t->bar);
+}
+
+/* The LM head, unit = vocabulary columns, on the final-normed rows in xn. */
+static void dec_head_unit(void *p, int u, int worker) {
+  const dec_job *j = (const dec_job *)p;
+  int c0, c1;
+  (void)worker;
+  unit_cols(u, j->per_v, j->vocab, &c0, &c1);
+  gemm_cols(j->xn, j->as, j->st->B, j->st->hidden, j->lm_head, NULL, j->vocab, c0, c1, j->logits);
+}
+
+/* xn[m] = the GEMM's activation row of w * rms_normed(h[m]), every row (the caller, serially). */
+static void dec_norm_rows(const dec_job *j, const float *w, float eps) {
+  const bf16_step *st = j->st;
+  for (int m = 0; m < st->B; m++)
+    rms_act_row(st->h + (int64_t)m * st->hidden, w, st->hidden, eps, j->w[0].tmp, j->xn + m * j->as);
+}
+
+static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+/* One layer as four pool jobs; between them the caller normalises rows or converts the
+ * attention output, serially. A job's units write disjoint columns (or rows), so the only
+ * waits are for units already taken: a helper kept off its core takes none. */
+static void decode_layer(dec_job *j, int nt) {
+  const bf16_step *st = j->st;
+  int B = st->B, att_w = st->H * st->D;
+  dec_norm_rows(j, j->L->in_norm, st->eps);
+  int ng = j->split_heads ? st->Hkv : 1;
+  pool_run(dec_attn_unit, j, ng * ceil_div(B, j->rows_a), nt);
+  j->a_in = j->xn;
+  j->a_s = j->as;
+#ifdef BF16_DP
+  if (att_w % 2 == 0) { /* att rows are already the GEMM's bf16 pairs */
+    j->a_in = j->att;
+    j->a_s = att_w;
+  } else
+#endif
+    for (int m = 0; m < B; m++) act_row(j->att + (int64_t)m * att_w, 1, att_w, j->xn + m * j->as);
+  int hb = ceil_div(st->hidden, CB), ib = ceil_div(st->inter, CB);
+  pool_run(dec_o_unit, j, ceil_div(hb, j->per_h), nt);
+  dec_norm_rows(j, j->L->post_norm, st->eps);
+  pool_run(dec_mlp_unit, j, j->split_inter ? ceil_div(ib, j->per_i) : 1, nt);
+  pool_run(dec_down_unit, j, ceil_div(hb, j->per_h), nt);
+}
+
+/* Column blocks per unit for NB blocks on nt threads: about 4 units a thread, whole tiles. */
+static int unit_blocks(int NB, int nt) {
+  int per = ceil_div(NB, 4 * nt);
+  return ceil_div(per, TILE_TB) * TILE_TB;
 }
 
 /* One decode step of every layer: h [B, hidden] float32 (the embeddings in, the last layer's
  * output out), one token per sequence at pos[m], its k/v written at slots[m]; on `threads`
  * threads (0: the library's count). With a final norm (float32 [hidden], eps final_eps) and a
- * pair-packed LM head [vocab, hidden], also logits [B, vocab] float32 = lm_head(norm(h)), each
- * thread normalising the rows privately and computing its share of the vocabulary columns. */
+ * pair-packed LM head [vocab, hidden], also logits [B, vocab] float32 = lm_head(norm(h)), the
+ * vocabulary columns split into pool units like every other projection's. */
 void infer_bf16_decode_layers(const infer_bf16_layer *layers, int n_layers, float *h, int B,
                               int hidden, int H, int Hkv, int D, int inter, float eps,
                               const int64_t *pos, const float *cos_sin, int rot_dim,
@@ -898,51 +926,57 @@ void infer_bf16_decode_layers(const infer_bf16_layer *layers, int n_layers, floa
                               int vocab, float *logits) {
   bf16_step st = {layers, n_layers, B, hidden, H, Hkv, D, inter, rot_dim, page, eps, scale,
                   h, pos, slots, cos_sin, block_tables, seq_lens, bt_stride};
-  int qkv_w = (H + 2 * Hkv) * D, kmax = hidden > H * D ? hidden : H * D, lmax = 1;
+  int qkv_w = (H + 2 * Hkv) * D, kmax = hidden > H * D ? hidden : H * D, lmax = 1, G = H / Hkv;
   kmax = kmax > inter ? kmax : inter;
   for (int m = 0; m < B; m++) lmax = seq_lens[m] > lmax ? seq_lens[m] : lmax;
+  int nt = threads > 0 ? threads : g_threads;
+  nt = nt < POOL_MAX ? nt : POOL_MAX;
   int64_t as = 2 * ((kmax + 1) / 2);
   int wide = qkv_w > hidden ? qkv_w : hidden; /* qkv also holds the o / down outputs */
-  act_t *down = (act_t *)malloc(sizeof(act_t) * (size_t)B * as);
-  float *qkv = (float *)malloc(sizeof(float) * (size_t)B * wide);
-  float *gu = (float *)malloc(sizeof(float) * (size_t)B * 2 * inter);
-  bf16 *att = (bf16 *)malloc(sizeof(bf16) * (size_t)B * H * D);
-  team_barrier bar;
-  atomic_init(&bar.arrived, 0);
-  atomic_init(&bar.phase, 0);
-  bar.n = 1;
-  int nt = threads > 0 ? threads : g_threads;
-  (void)nt;
-#pragma omp parallel num_threads(nt)
-  {
-    act_t *mine = (act_t *)malloc(sizeof(act_t) * (size_t)B * as);
-    bf16_team t = {mine, down, qkv, gu, att, as, 0, 1, &bar};
-#ifdef _OPENMP
-    t.tid = omp_get_thread_num();
-    t.nt = omp_get_num_threads();
-#endif
-#pragma omp single
-    bar.n = t.nt; /* the implied barrier publishes it */
-    int G = H / Hkv;
-    float *tmp = (float *)malloc(sizeof(float) * (size_t)kmax);
-    float *s = (float *)malloc(sizeof(float) * (size_t)G * lmax);
-    float *o = (float *)malloc(sizeof(float) * (size_t)G * D);
-    for (int l = 0; l < n_layers; l++) decode_layer(&st, layers + l, &t, tmp, s, o);
-    if (final_norm) { /* the last layer's barrier published every h row */
-      for (int m = 0; m < B; m++)
-        rms_act_row(h + (int64_t)m * hidden, final_norm, hidden, final_eps, tmp, mine + m * as);
-      int b0, b1;
-      block_share((vocab + CB - 1) / CB, t.tid, t.nt, &b0, &b1);
-      if (b0 < b1) gemm_blocks(mine, as, B, (hidden + 1) / 2, lm_head, NULL, vocab, b0, b1, logits,
-                               vocab, 0);
-    }
-    free(tmp);
-    free(s);
-    free(o);
-    free(mine);
+  dec_scratch *w = (dec_scratch *)calloc((size_t)nt, sizeof(dec_scratch));
+  for (int i = 0; i < nt; i++) {
+    w[i].tmp = (float *)malloc(sizeof(float) * (size_t)kmax);
+    w[i].s = (float *)malloc(sizeof(float) * (size_t)G * lmax);
+    w[i].o = (float *)malloc(sizeof(float) * (size_t)G * D);
   }
-  free(down);
-  free(qkv);
-  free(gu);
-  free(att);
+  dec_job j;
+  memset(&j, 0, sizeof j);
+  j.st = &st;
+  j.xn = (act_t *)malloc(sizeof(act_t) * (size_t)B * as);
+  j.down = (act_t *)malloc(sizeof(act_t) * (size_t)B * as);
+  j.qkv = (float *)malloc(sizeof(float) * (size_t)B * wide);
+  j.gu = (float *)malloc(sizeof(float) * (size_t)B * 2 * inter);
+  j.att = (bf16 *)malloc(sizeof(bf16) * (size_t)B * H * D);
+  j.as = as;
+  j.split_heads = D % CB == 0;
+  j.split_inter = inter % CB == 0;
+  j.rows_a = 8;
+  j.per_h = unit_blocks(ceil_div(hidden, CB), nt);
+  j.per_i = unit_blocks(ceil_div(inter, CB), nt);
+  j.w = w;
+  for (int l = 0; l < n_layers; l++) {
+    j.L = layers + l;
+    decode_layer(&j, nt);
+  }
+  if (final_norm) {
+    j.final_norm = final_norm;
+    j.lm_head = lm_head;
+    j.vocab = vocab;
+    j.logits = logits;
+    j.per_v = ceil_div(ceil_div(vocab, CB), 16 * nt); /* 16 units a thread: the largest GEMM */
+    j.per_v = ceil_div(j.per_v, TILE_TB) * TILE_TB;
+    dec_norm_rows(&j, final_norm, final_eps);
+    pool_run(dec_head_unit, &j, ceil_div(ceil_div(vocab, CB), j.per_v), nt);
+  }
+  for (int i = 0; i < nt; i++) {
+    free(w[i].tmp);
+    free(w[i].s);
+    free(w[i].o);
+  }
+  free(w);
+  free(j.xn);
+  free(j.down);
+  free(j.qkv);
+  free(j.gu);
+  free(j.att);
 }
