@@ -13,7 +13,9 @@
  * both give the same bits on every rank. A float32 tensor larger than a slot goes through in
  * slot-sized chunks, one collective each.
  *
- * The wait spins briefly, then yields the core, then sleeps 20 us between polls; about once a
+ * The wait spins briefly (256 pauses), then yields the core (2,000 times), then sleeps 20 us
+ * between polls (the Python path yields from the start: on 2 shared cores, a rank spinning
+ * longer measured slower at the median, taking the core its peer needs); about once a
  * second it checks that the ranks it waits for are alive (a pid that has exited, or is a zombie,
  * is dead) and it gives up after timeout_s. Either failure returns non-zero with ``error`` and
  * ``failed_rank`` set, never a hang. */
@@ -70,13 +72,13 @@ static int late_rank(const infer_shm *s, int64_t seq) {
 static int wait_all(infer_shm *s, int64_t seq) {
   double start = 0, checked = 0;
   for (long spins = 0; late_rank(s, seq) >= 0; spins++) {
-    if (spins < 2000) {
+    if (spins < 256) { /* a few microseconds: the peer is usually just behind */
 #if defined(__x86_64__) || defined(__i386__)
       __builtin_ia32_pause();
 #endif
       continue;
     }
-    if (spins < 2200) {
+    if (spins < 256 + 2000) { /* then give the core away: on a busy host the peer may need it */
       sched_yield();
       continue;
     }
