@@ -5,6 +5,9 @@ benchmarks/RESULTS.md (between the cpu-results markers, other sections kept) and
 
     python benchmarks/run_cpu.py --rounds 2
     python benchmarks/run_cpu.py --vllm-peer --rounds 2   # vLLM's CPU build: see vllm_peer.py
+    python benchmarks/run_cpu.py --kernels-ab HEAD~1 --rounds 2 --batch-size 1 8 32
+        # the engine with the tree's kernels (float32 and int8 activations) against another
+        # revision's infer_cpu_kernels.c, alternating: see kernels_ab
 """
 
 from __future__ import annotations
@@ -103,12 +106,18 @@ def main() -> None:
     ap.add_argument("--merge", action="store_true", help="Add to the summary.json already in --out.")
     ap.add_argument("--out", type=Path, default=HERE / "out")
     ap.add_argument("--report-only", type=Path, help="Rewrite RESULTS.md from a summary.json.")
+    ap.add_argument("--kernels-ab", metavar="REV",
+                    help="Only engine rows: the tree's native kernels (float32 activations, then "
+                         "INFER_CPU_ACTIVATIONS=int8) against REV's infer_cpu_kernels.c, alternating.")
     ap.add_argument("--vllm-peer", action="store_true",
                     help="Serving rows against vLLM's CPU build instead (benchmarks/vllm_peer.py).")
     vllm_peer.add_arguments(ap)
     args = ap.parse_args()
     if args.vllm_peer:
         vllm_peer.write_results(vllm_peer.run(args))
+        return
+    if args.kernels_ab:
+        kernels_ab(args)
         return
     if args.report_only:
         summary = json.loads(args.report_only.read_text())
@@ -174,6 +183,68 @@ def main() -> None:
                "machine": kept_machine or machine(), "args": vars(args)}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     write_results(summary, args)
+
+
+def kernels_ab(args) -> None:
+    """Engine rows (``infer bench one-batch``: prefill of batch x input-len tokens, then decode) for
+    the tree's kernels with float32 activations (the default), the same with
+    INFER_CPU_ACTIVATIONS=int8, and REV's ``infer_cpu_kernels.c`` (float32), in alternating rounds
+    with the load average before and after each; prints a table of the best per variant and
+    writes every row to --out/kernels_ab.json. REV's library is compiled into a cache directory of
+    its own under the key the tree's source has (``native_build._target``), which is where the
+    engine looks: the rest of the engine is the tree's, so only the kernels differ."""
+    import tempfile
+
+    sys.path.insert(0, str(HERE.parent / "plugins" / "cpu"))
+    from infer_cpu import native_build
+
+    env = {"OMP_NUM_THREADS": str(args.threads), "OMP_WAIT_POLICY": args.omp_wait_policy}
+    lens = ["--input-len", str(args.input_len), "--output-len", str(args.output_len)]
+    bs_args = [a for b in args.batch_size for a in ("--batch-size", str(b))]
+    args.out.mkdir(parents=True, exist_ok=True)
+    cc = native_build.compiler()
+    if cc is None:
+        raise SystemExit("no C compiler")
+    rel = native_build.SOURCE.resolve().relative_to(HERE.parent)
+    old_src = subprocess.run(["git", "-C", str(HERE.parent), "show", f"{args.kernels_ab}:{rel}"],
+                             check=True, capture_output=True, text=True).stdout
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["INFER_CACHE_DIR"] = tmp  # for _target: the tree's key, REV's library
+        lib = native_build._target(cc, native_build.FLAG_SETS[0])
+        lib.parent.mkdir(parents=True)
+        (Path(tmp) / "rev.c").write_text(old_src)
+        subprocess.run([cc, *native_build.FLAG_SETS[0], "-shared", "-fPIC", "-o", str(lib),
+                        str(Path(tmp) / "rev.c"), "-lm"], check=True)
+        del os.environ["INFER_CACHE_DIR"]
+        variants = {f"{args.kernels_ab} (float32)": {"INFER_CACHE_DIR": tmp},
+                    "tree (float32)": {}, "tree (int8 activations)": {"INFER_CPU_ACTIVATIONS": "int8"}}
+        rows: dict[str, list[dict]] = {v: [] for v in variants}
+        log: list = []
+        for i in range(args.rounds):
+            for name, extra in variants.items():
+                res = args.out / f"kernels_ab_{len(log)}.json"
+                os.environ.update(env | extra)
+                try:
+                    run_json(["infer", "bench", "one-batch", "--model-path", "smollm2", *bs_args, *lens,
+                              "--result-file", str(res)], log, 3600)
+                finally:
+                    for k in extra:
+                        os.environ.pop(k, None)
+                log[-1]["variant"], log[-1]["round"] = name, i
+                if res.exists():
+                    rows[name] += json.loads(res.read_text())["results"]
+    (args.out / "kernels_ab.json").write_text(json.dumps({"rows": rows, "log": log,
+                                                          "machine": machine()}, indent=2))
+    print(f"\n{args.rounds} alternating rounds, best per variant; decode tok/s at each batch size, "
+          f"prefill = batch x {args.input_len} tokens; load (1 min) {', '.join(e['load_before'].split()[0] + '-' + e['load_after'].split()[0] for e in log)}")
+    head = " | ".join(f"decode b={b}" for b in args.batch_size)
+    print(f"| kernels | {head} | prefill b={max(args.batch_size)} |")
+    print("| --- |" + " --- |" * (len(args.batch_size) + 1))
+    for name, rs in rows.items():
+        cells = [best(rs, b) for b in args.batch_size]
+        dec = " | ".join(f"{c['decode_throughput']:.1f}" if c else "-" for c in cells)
+        pre = f"{cells[-1]['prefill_latency_s']:.2f} s" if cells[-1] else "-"
+        print(f"| {name} | {dec} | {pre} |")
 
 
 def run_quality(args, have_llama: bool, log: list) -> dict[str, list[dict]]:

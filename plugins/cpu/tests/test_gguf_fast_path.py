@@ -60,3 +60,30 @@ def test_explicit_quantization_gguf(tmp_path):
     LlamaForCausalLM(cfg).save_pretrained(tmp_path)
     with pytest.raises(NotImplementedError, match="--quantization gguf needs a GGUF file"):
         load_model(str(tmp_path), quantization="gguf", progress=False, skip_tokenizer_init=True)
+
+
+def test_int8_activations_opt_in(monkeypatch):
+    """INFER_CPU_ACTIVATIONS=int8: every native GEMM of the default model (the 120 linear layers
+    and the LM head) runs int8 activations on the same blocks; unset, none does; a value that is
+    neither float32 nor int8 stops the load."""
+    from infer.core.model.loader import load_model
+    from infer.core.model.loader.default_model import ensure_default_model
+    from infer_cpu import kernels
+
+    if kernels.load() is None:
+        pytest.skip(f"native kernels unavailable: {kernels.status().detail}")
+    path = str(ensure_default_model(quiet=True))
+
+    def flags() -> collections.Counter:
+        loaded = load_model(path, progress=False, skip_tokenizer_init=True)
+        mods = [m for m in loaded.model.modules() if getattr(m, "quant_kind", None) == "native"]
+        return collections.Counter([m.qweight.int8_activations for m in mods]
+                                   + [loaded.model.lm_head.qweight.int8_activations])
+
+    monkeypatch.setenv("INFER_CPU_ACTIVATIONS", "int8")
+    assert flags() == {True: 121}
+    monkeypatch.delenv("INFER_CPU_ACTIVATIONS")
+    assert flags() == {False: 121}
+    monkeypatch.setenv("INFER_CPU_ACTIVATIONS", "int4")
+    with pytest.raises(ValueError, match="INFER_CPU_ACTIVATIONS='int4'"):
+        load_model(path, progress=False, skip_tokenizer_init=True)
