@@ -92,22 +92,27 @@ def test_refusals(model, ascend, tmp_path):
     from infer.core.plugins import get_plugin_host
 
     hf, src, calib, _ = model
-    with pytest.raises(ValueError, match="quant_model_description.json"):
-        load_model(str(src), platform=ascend, host=get_plugin_host(), dtype="float16",
+
+    def load(path: Path) -> None:
+        load_model(str(path), platform=ascend, host=get_plugin_host(), dtype="float16",
                    quantization="modelslim", page_size=PAGE, skip_tokenizer_init=True,
                    progress=False)
+
+    with pytest.raises(ValueError, match="quant_model_description.json"):
+        load(src)
     ckpt = write_modelslim(hf, src, tmp_path / "ms", torch.float16, calib)
     desc = json.loads((ckpt / "quant_model_description.json").read_text())
     desc["model.layers.1.self_attn.k_proj.weight"] = "W8A8"  # q/v stay W8A16
     (ckpt / "quant_model_description.json").write_text(json.dumps(desc))
     with pytest.raises(ValueError, match="quantized differently"):
-        load_model(str(ckpt), platform=ascend, host=get_plugin_host(), dtype="float16",
-                   quantization="modelslim", page_size=PAGE, skip_tokenizer_init=True,
-                   progress=False)
+        load(ckpt)
     desc["model.layers.1.self_attn.k_proj.weight"] = "W8A16"
     desc["lm_head.weight"] = "W8A8_DYNAMIC"
     (ckpt / "quant_model_description.json").write_text(json.dumps(desc))
     with pytest.raises(NotImplementedError, match="lm_head"):
-        load_model(str(ckpt), platform=ascend, host=get_plugin_host(), dtype="float16",
-                   quantization="modelslim", page_size=PAGE, skip_tokenizer_init=True,
-                   progress=False)
+        load(ckpt)
+    desc["lm_head.weight"] = "FLOAT"
+    desc["model.layers.0.input_layernorm.bias"] = "W8A8"  # anti-outlier's norm bias
+    (ckpt / "quant_model_description.json").write_text(json.dumps(desc))
+    with pytest.raises(NotImplementedError, match="anti-outlier"):
+        load(ckpt)

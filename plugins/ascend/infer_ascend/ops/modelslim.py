@@ -26,8 +26,8 @@ w8a8_static.py, w8a8_dynamic.py, w8a16.py and configs/modelslim_config.py read t
 infer's merged layers (qkv_proj, gate_up_proj) take one scheme from their checkpoint parts, which
 must agree. Per-tensor input scales stay per part: parts whose scales differ are quantized and
 multiplied separately. A quantized tensor outside the dense linear layers (MoE experts, the LM
-head, embeddings, a KV-cache scheme), a per-group scale, or a float bias beside a W8A8
-layer's quant_bias is refused at load, naming it.
+head, embeddings, a KV-cache scheme), a per-group scale, a float bias beside a W8A8 layer's
+quant_bias, or the norm bias of msModelSlim's anti-outlier pass is refused at load, naming it.
 """
 
 from __future__ import annotations
@@ -106,6 +106,11 @@ class ModelslimLinear(LinearMethod):
                 self._bind(layer, name, parts)
         stray = [k for k, v in self.description.items()
                  if k.endswith(".weight") and v != "FLOAT" and k[:-len(".weight")] not in mine]
+        smooth = [k for k in self.description if k.endswith("norm.bias") or ".module." in k]
+        if smooth:
+            raise NotImplementedError(
+                f"modelslim: anti-outlier (smooth quant) norm parameters are not implemented on "
+                f"Ascend (infer's RMSNorm has no bias): {smooth[:4]}")
         if stray:
             raise NotImplementedError(
                 f"modelslim: quantized tensors outside the dense linear layers are not "
