@@ -195,6 +195,32 @@ def test_rms_norm_mixed_dtypes(x_dtype, w_dtype, with_residual):
         assert new_res is None
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_rms_norm_and_rope_split_across_threads(threads):
+    """Sizes above the kernels' threshold: rows go to the work pool in 16-row units (a tail)."""
+    g = _gen(8)
+    x = (torch.randn(203, 577, generator=g) * 3).bfloat16()
+    res = torch.randn(203, 577, generator=g).bfloat16()
+    w = torch.randn(577, generator=g).bfloat16()
+    qkv = torch.randn(301, (8 + 2 * 4) * 32, generator=g).bfloat16()
+    q, k = qkv[:, :256].view(301, 8, 32), qkv[:, 256:384].view(301, 4, 32)
+    cos_sin = rope_table(32, 512, {"rope_theta": 10000.0})
+    pos = torch.randint(0, 512, (301,), generator=g)
+    want_q, want_k = rotary_ref(pos, q.clone(), k.clone(), cos_sin, 32)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out, new_res = kb.rms_norm(x, w, 1e-5, res)
+        kb.rope_(pos, q, k, cos_sin, 32)
+    finally:
+        torch.set_num_threads(old)
+    want, want_res = rms_norm_ref(x, w, 1e-5, res)
+    _assert_bf16_match(out, want)
+    assert torch.equal(new_res, want_res)
+    _assert_bf16_match(q, want_q)
+    _assert_bf16_match(k, want_k)
+
+
 @pytest.mark.parametrize("rotary_dim", [16, 8])
 def test_rope_bf16_in_place_on_qkv_views(rotary_dim):
     g = _gen(5)

@@ -182,7 +182,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         from infer_cpu import kernels
 
         return kernels.rms_norm(x, weight, eps, residual)
-    lib = load()
+    lib = lib_for_call()
     if (lib is None or not _rows(x) or weight.dtype not in _FLOATS or weight.device.type != "cpu"
             or not weight.is_contiguous() or weight.shape != (x.shape[1],)):
         return None
@@ -215,7 +215,7 @@ def rope_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: to
         from infer_cpu import kernels
 
         return kernels.rope_(positions, q, k, cos_sin, rotary_dim)
-    lib = load()
+    lib = lib_for_call()
     if (lib is None or not _bf16_heads(q) or not _bf16_heads(k) or positions.dtype != torch.int64
             or not positions.is_contiguous() or positions.device.type != "cpu"
             or cos_sin.dtype != torch.float32 or not cos_sin.is_contiguous()

@@ -371,12 +371,23 @@ void infer_bf16_gemm(const void *x, int x_bf16, int64_t x_stride, int M, int K, 
  * residual, x + residual first (rounded to bf16 when x is bf16; the sum is res_out); the normed
  * row in float32, rounded to x's dtype, times w in the result dtype (bf16 only when x and w both
  * are). x, residual, res_out: x's dtype; w: bf16 when w_bf16; out: bf16 when x_bf16 && w_bf16. */
-void infer_bf16_rms_norm(const void *x, int64_t x_stride, int x_bf16, const void *residual,
-                         int64_t r_stride, void *res_out, const void *w, int w_bf16, void *out,
-                         int rows, int dim, float eps) {
+typedef struct {
+  const void *x, *residual, *w;
+  int64_t x_stride, r_stride;
+  int x_bf16, w_bf16, rows, dim;
+  void *res_out, *out;
+  float eps;
+} norm_job;
+
+static void rms_norm_unit(void *p, int u, int worker) { /* 16 rows */
+  const norm_job *j = (const norm_job *)p;
+  const void *x = j->x, *residual = j->residual, *w = j->w;
+  void *res_out = j->res_out, *out = j->out;
+  int64_t x_stride = j->x_stride, r_stride = j->r_stride;
+  int x_bf16 = j->x_bf16, w_bf16 = j->w_bf16, dim = j->dim, out_bf16 = x_bf16 && w_bf16;
   float *s = (float *)malloc(sizeof(float) * (size_t)dim);
-  int out_bf16 = x_bf16 && w_bf16;
-  for (int m = 0; m < rows; m++) {
+  (void)worker;
+  for (int m = u * 16; m < j->rows && m < (u + 1) * 16; m++) {
     float ss = 0.f;
     for (int i = 0; i < dim; i++) {
       int64_t xi = (int64_t)m * x_stride + i, ri = (int64_t)m * r_stride + i;
@@ -394,7 +405,7 @@ void infer_bf16_rms_norm(const void *x, int64_t x_stride, int x_bf16, const void
       s[i] = v;
       ss += v * v;
     }
-    float r = 1.f / sqrtf(ss / (float)dim + eps);
+    float r = 1.f / sqrtf(ss / (float)dim + j->eps);
     for (int i = 0; i < dim; i++) {
       float n = s[i] * r, wi = w_bf16 ? bf16_to_f32(((const bf16 *)w)[i]) : ((const float *)w)[i];
       if (x_bf16) n = bf16_to_f32(f32_to_bf16(n));
@@ -407,17 +418,33 @@ void infer_bf16_rms_norm(const void *x, int64_t x_stride, int x_bf16, const void
   free(s);
 }
 
+void infer_bf16_rms_norm(const void *x, int64_t x_stride, int x_bf16, const void *residual,
+                         int64_t r_stride, void *res_out, const void *w, int w_bf16, void *out,
+                         int rows, int dim, float eps) {
+  norm_job j = {x, residual, w, x_stride, r_stride, x_bf16, w_bf16, rows, dim, res_out, out, eps};
+  pool_run(rms_norm_unit, &j, (rows + 15) / 16, (int64_t)rows * dim >= 65536 ? g_threads : 1);
+}
+
 /* In-place rotate-half rotary of bf16 q [T, H, D] and k [T, Hkv, D] (row strides q_stride,
  * k_stride; heads contiguous) over the first rot dims, as rotary_ref does in bf16: cos and sin
  * rounded to bf16, x * cos and rotate_half(x) * sin each rounded, then their sum. */
-void infer_bf16_rope(const int64_t *pos, bf16 *q, int64_t q_stride, int H, bf16 *k,
-                     int64_t k_stride, int Hkv, int T, int D, int rot, const float *cos_sin) {
-  int half = rot / 2;
-  for (int t = 0; t < T; t++) {
-    const float *cs = cos_sin + pos[t] * rot;
-    for (int h = 0; h < H + Hkv; h++) {
-      bf16 *v = h < H ? q + (int64_t)t * q_stride + (int64_t)h * D
-                      : k + (int64_t)t * k_stride + (int64_t)(h - H) * D;
+typedef struct {
+  const int64_t *pos;
+  bf16 *q, *k;
+  int64_t q_stride, k_stride;
+  int H, Hkv, T, D, rot;
+  const float *cos_sin;
+} rope_job;
+
+static void rope_unit(void *p, int u, int worker) { /* 16 tokens */
+  const rope_job *j = (const rope_job *)p;
+  int half = j->rot / 2, H = j->H, D = j->D;
+  (void)worker;
+  for (int t = u * 16; t < j->T && t < (u + 1) * 16; t++) {
+    const float *cs = j->cos_sin + j->pos[t] * j->rot;
+    for (int h = 0; h < H + j->Hkv; h++) {
+      bf16 *v = h < H ? j->q + (int64_t)t * j->q_stride + (int64_t)h * D
+                      : j->k + (int64_t)t * j->k_stride + (int64_t)(h - H) * D;
       for (int i = 0; i < half; i++) {
         float c = bf16_to_f32(f32_to_bf16(cs[i])), sn = bf16_to_f32(f32_to_bf16(cs[half + i]));
         float x1 = bf16_to_f32(v[i]), x2 = bf16_to_f32(v[i + half]);
@@ -428,6 +455,12 @@ void infer_bf16_rope(const int64_t *pos, bf16 *q, int64_t q_stride, int H, bf16 
       }
     }
   }
+}
+
+void infer_bf16_rope(const int64_t *pos, bf16 *q, int64_t q_stride, int H, bf16 *k,
+                     int64_t k_stride, int Hkv, int T, int D, int rot, const float *cos_sin) {
+  rope_job j = {pos, q, k, q_stride, k_stride, H, Hkv, T, D, rot, cos_sin};
+  pool_run(rope_unit, &j, (T + 15) / 16, (int64_t)T * (H + Hkv) * rot >= 65536 ? g_threads : 1);
 }
 
 typedef struct {
