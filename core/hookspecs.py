@@ -73,7 +73,8 @@ def register_moe_runners(register):  # noqa: ANN001, ANN201
     """Contribute MoE expert runners.
 
     ``register(name, factory, platforms)``: ``name`` is the ``--moe-runner-backend`` value
-    (``"auto"`` picks the platform default), ``factory() -> MoERunner``.
+    (``"auto"`` picks the platform default), ``factory() -> MoERunner``. Besides ``apply`` a
+    runner may override the optional ``select_experts`` routing hook (infer.core.ops.moe).
     """
 
 

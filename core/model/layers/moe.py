@@ -1,5 +1,6 @@
-"""Sparse MoE block: a softmax router picks top-k experts per token; the platform's MoE runner
-computes the experts from stacked weights w13 [E, 2I, D] (gate rows, then up rows) and
+"""Sparse MoE block: a softmax router picks top-k experts per token (routed by the MoE runner's
+``select_experts``: the core's ``softmax_topk`` unless the runner overrides it, see
+infer.core.ops.moe); the platform's MoE runner computes the experts from stacked weights w13 [E, 2I, D] (gate rows, then up rows) and
 w2 [E, D, I]. ``renormalize`` rescales the k chosen probabilities to sum to 1 (Mixtral always,
 Qwen3-MoE when ``norm_topk_prob``).
 
@@ -80,10 +81,8 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, D] (the same on every rank) -> [T, D]."""
-        probs = torch.softmax(self.gate(x).float(), dim=-1)  # [T, E]
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)  # [T, k]
-        if self.renormalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights, ids = self.runner.select_experts(self.gate(x), self.top_k,
+                                                  self.renormalize)  # [T, k]
         if self.ep_size == 1:
             out = self.runner.apply(x, self.w13, self.w2, weights, ids)
         else:
@@ -103,10 +102,8 @@ class SparseMoE(nn.Module):
         padded = torch.zeros(longest, x.shape[1], dtype=x.dtype, device=x.device)
         padded[:x.shape[0]] = x
         every = self.comm.all_gather(padded, dim=0)  # [W * longest, D]
-        probs = torch.softmax(self.gate(every).float(), dim=-1)
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        if self.renormalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights, ids = self.runner.select_experts(self.gate(every), self.top_k,
+                                                  self.renormalize)
         if self.ep_size == 1:
             partial = self.runner.apply(every, self.w13, self.w2, weights, ids)
         else:

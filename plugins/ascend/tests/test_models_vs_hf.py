@@ -43,9 +43,20 @@ def tiny(request, tmp_path_factory):
     return request.param, path, {"a": seq_a, "b": seq_b, "c": seq_c}, ref
 
 
-def test_logits_match_transformers(tiny, ascend, device):
+def test_logits_match_transformers(tiny, ascend, device, monkeypatch):
     arch, path, seqs, ref = tiny
+    import torch_npu
+    from infer.core.model.layers.moe import SparseMoE
     from infer.core.plugins import get_plugin_host
+
+    routed = []  # rows routed by the gating op: the MoE layers must route through the runner's
+    gating = torch_npu.npu_moe_gating_top_k_softmax  # select_experts, i.e. this op
+
+    def counting_gating(x, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        routed.append(x.shape[0])
+        return gating(x, *args, **kwargs)
+
+    monkeypatch.setattr(torch_npu, "npu_moe_gating_top_k_softmax", counting_gating)
 
     loaded = load_model(str(path), platform=ascend, host=get_plugin_host(), dtype="float16",
                         page_size=PAGE, skip_tokenizer_init=True, progress=False)
@@ -75,6 +86,10 @@ def test_logits_match_transformers(tiny, ascend, device):
         got["a"].append(out[0])
         if j == 150:
             got["b"].append(out[1])
+    moe_layers = sum(isinstance(m, SparseMoE) for m in loaded.model.modules())
+    assert (moe_layers > 0) == (arch in ("mixtral", "qwen3_moe")), arch
+    # every token of every step through every MoE layer was routed by npu_moe_gating_top_k_softmax
+    assert sum(routed) == moe_layers * (len(a) + len(b) - PAGE + len(c)), arch
     logits_a = torch.cat(got["a"])
     assert logits_a.shape[0] == len(a)
     assert rel_err(logits_a, ref["a"]) < TOL, arch

@@ -15,9 +15,10 @@ One step, T tokens routed to k experts each (topk_ids [T, k], weights [T, k]):
      weighted sum of each token's k rows.
 
 Routing: ``select_experts`` is softmax top-k routing on ``npu_moe_gating_top_k_softmax`` (with the
-k weights renormalised to sum to 1 when the model asks). The core's MoE layer routes in plain
-torch and does not call it yet (core/model/layers/moe.py has no runner routing hook); it is
-checked against that routing in tests/test_ops.py.
+k weights renormalised to sum to 1 when the model asks). It overrides the core's optional
+``MoERunner.select_experts`` hook, through which the core's MoE layer (core/model/layers/moe.py)
+routes every token; it is checked against the core's ``softmax_topk`` in tests/test_ops.py and
+counted per routed row in tests/test_models_vs_hf.py.
 
 Expert parallelism is the core's MoE layer's (core/model/layers/moe.py): with ep > 1 it hands
 this runner the assignments routed to this rank's experts (local ids, k = 1) and all-reduces the
