@@ -12,7 +12,7 @@ both are tested against transformers. The final norm and the LM head run in the 
 Threads: the call runs each layer as four jobs of the kernels' work pool (attention by KV group
 and rows; o projection, gate/up with SiLU, down projection by columns), whose caller waits only
 for units a helper thread has taken; still, a helper descheduled in the middle of a unit holds
-the job up, so ``ThreadChoice`` picks the thread count per batch-size class from measured step
+the job up, so ``kb.ThreadChoice`` picks the thread count per batch-size class from measured step
 times (one step in 16 tries the other count, so a change of load is followed);
 ``INFER_CPU_BF16_DECODE_THREADS`` fixes it instead.
 """
@@ -30,36 +30,6 @@ from infer_cpu.kernels import bf16 as kb
 
 class Unsupported(Exception):
     """The model does not fit the bf16 decode stack; the message says why."""
-
-
-class ThreadChoice:
-    """The decode call's team size per batch-size class (powers of two): the candidate with the
-    lower moving average of measured step time, every ``explore``-th step of a class the other
-    one (each candidate is measured first). ``fixed`` > 0 always answers that count."""
-
-    def __init__(self, max_threads: int, fixed: int = 0, explore: int = 16) -> None:
-        self.candidates = [1] if max_threads <= 1 else [1, max_threads]
-        self.fixed, self.explore = fixed, explore
-        self._avg: dict[tuple[int, int], float] = {}  # (class, threads) -> seconds per step
-        self._steps: dict[int, int] = {}
-
-    def pick(self, batch: int) -> int:
-        if self.fixed > 0:
-            return self.fixed
-        c = batch.bit_length()
-        n = self._steps[c] = self._steps.get(c, 0) + 1
-        untried = [t for t in self.candidates if (c, t) not in self._avg]
-        if untried:
-            return untried[0]
-        best = min(self.candidates, key=lambda t: self._avg[(c, t)])
-        if n % self.explore == 0:
-            return next((t for t in self.candidates if t != best), best)
-        return best
-
-    def record(self, batch: int, threads: int, seconds: float) -> None:
-        key = (batch.bit_length(), threads)
-        old = self._avg.get(key)
-        self._avg[key] = seconds if old is None else 0.75 * old + 0.25 * seconds
 
 
 class BF16DecodeStack:
@@ -125,7 +95,7 @@ class BF16DecodeStack:
         self.final_norm = norm.weight.detach().float().contiguous()
         self.final_eps = float(norm.eps)
         self.lm_head = model.lm_head.bf16_packed
-        self.threads = ThreadChoice(torch.get_num_threads(),
+        self.threads = kb.ThreadChoice(torch.get_num_threads(),
                                     int(os.environ.get("INFER_CPU_BF16_DECODE_THREADS", "0")))
         self._fn = lib.infer_bf16_decode_layers
 

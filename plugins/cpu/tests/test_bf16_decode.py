@@ -181,9 +181,7 @@ def _check_stack(d: Dims, threads: int, lib: ctypes.CDLL, seed: int,
 
 
 def test_thread_choice_measures_both_then_keeps_the_faster_and_explores():
-    from infer_cpu.graph_bf16 import ThreadChoice
-
-    tc = ThreadChoice(2, explore=4)
+    tc = kb.ThreadChoice(2, explore=4)
     seen = []
     cost = {1: 0.010, 2: 0.020}  # one thread faster (a loaded machine)
     for _ in range(12):
@@ -200,4 +198,4 @@ def test_thread_choice_measures_both_then_keeps_the_faster_and_explores():
     assert tc.pick(1) == 1  # batch-size classes are measured separately
     tc.record(1, 1, 0.5)
     assert tc.pick(1) == 2
-    assert ThreadChoice(1).pick(5) == 1 and ThreadChoice(2, fixed=2).pick(1) == 2
+    assert kb.ThreadChoice(1).pick(5) == 1 and kb.ThreadChoice(2, fixed=2).pick(1) == 2

@@ -397,3 +397,33 @@ def test_paged_attention_declines_what_it_does_not_take():
     assert call(seq_lens=meta.seq_lens - 6) is None  # fewer keys than new rows
     assert call(slots=meta.slot_mapping.int()) is None
     assert call(q=q[:, :3]) is None  # 3 query heads do not group over 2 KV heads
+
+
+def test_cpu_backend_runs_the_kernel_and_picks_threads_per_step(monkeypatch):
+    """The CPU attention backend on a bf16 cache: each step's output is the kernel's (the same
+    bits on 1 and 2 threads: a unit's arithmetic does not depend on who runs it), and the step's
+    thread count is measured (1 first, then 2) before the faster one is kept."""
+    from infer.core.ops.attention import AttentionConfig
+    from infer_cpu.ops.attention import TorchNativeAttention
+
+    monkeypatch.delenv("INFER_CPU_BF16_PREFILL_THREADS", raising=False)
+    batch, q, k, v, kc, vc = _attention_inputs(ATTN_SEQS["extend_over_prefix"], 6, 2, 32, 4, 9)
+    cfg = AttentionConfig(num_heads=6, num_kv_heads=2, head_dim=32, scale=0.2, page_size=4,
+                          dtype=torch.bfloat16, kv_dtype=torch.bfloat16,
+                          device=torch.device("cpu"), num_layers=2)
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        backend = TorchNativeAttention(cfg)
+        outs, picked = [], []
+        for _ in range(3):
+            backend.plan(batch.meta)
+            picked.append(kb._call_threads[0])
+            for layer in range(2):
+                outs.append(backend.forward(q, k, v, kc.clone(), vc.clone(), layer))
+    finally:
+        torch.set_num_threads(old)
+        kb.set_call_threads(0)
+    assert picked[:2] == [1, 2] and picked[2] in (1, 2)
+    want = _run_attention(None, batch, q, k, v, kc.clone(), vc.clone(), 0.2)
+    assert all(torch.equal(o, want) for o in outs)

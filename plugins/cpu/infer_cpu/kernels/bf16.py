@@ -101,15 +101,55 @@ def isa() -> str | None:
     return ISA_NAMES[lib.infer_bf16_isa()] if lib is not None else None
 
 
+_call_threads = [0]  # set_call_threads' count; 0: torch's
+
+
+def set_call_threads(n: int) -> None:
+    """The thread count of the per-op kernels' calls from now on (0: torch's thread count)."""
+    _call_threads[0] = max(0, n)
+
+
 def lib_for_call() -> ctypes.CDLL | None:
-    """The library with its work pool sized to torch's current thread count."""
+    """The library with its work pool sized to ``set_call_threads``' count, else torch's."""
     lib = _state["lib"] if "lib" in _state else load()
     if lib is not None:
-        n = torch.get_num_threads()
+        n = _call_threads[0] or torch.get_num_threads()
         if n != _threads[0]:
             lib.infer_bf16_set_threads(n)
             _threads[0] = n
     return lib  # type: ignore[return-value]
+
+
+class ThreadChoice:
+    """A thread count per size class (powers of two: the decode batch, or a step's tokens): the
+    candidate (1 or ``max_threads``) with the lower moving average of measured step time, every
+    ``explore``-th step of a class the other one (each candidate is measured first). On a shared
+    machine a thread that another process keeps off its core holds up every job it has taken,
+    so one thread can be the faster. ``fixed`` > 0 always answers that count."""
+
+    def __init__(self, max_threads: int, fixed: int = 0, explore: int = 16) -> None:
+        self.candidates = [1] if max_threads <= 1 else [1, max_threads]
+        self.fixed, self.explore = fixed, explore
+        self._avg: dict[tuple[int, int], float] = {}  # (class, threads) -> seconds per step
+        self._steps: dict[int, int] = {}
+
+    def pick(self, batch: int) -> int:
+        if self.fixed > 0:
+            return self.fixed
+        c = batch.bit_length()
+        n = self._steps[c] = self._steps.get(c, 0) + 1
+        untried = [t for t in self.candidates if (c, t) not in self._avg]
+        if untried:
+            return untried[0]
+        best = min(self.candidates, key=lambda t: self._avg[(c, t)])
+        if n % self.explore == 0:
+            return next((t for t in self.candidates if t != best), best)
+        return best
+
+    def record(self, batch: int, threads: int, seconds: float) -> None:
+        key = (batch.bit_length(), threads)
+        old = self._avg.get(key)
+        self._avg[key] = seconds if old is None else 0.75 * old + 0.25 * seconds
 
 
 @dataclass

@@ -13,11 +13,19 @@ prefill, extend over a cached prefix, and decode when the graph is off): one cal
 writes the new k/v and attends per (sequence, KV head, block of query rows) with the bf16 GEMM
 (scores and probabilities as SDPA on bf16 inputs computes them, up to float32 summation order).
 
+With a bf16 cache the backend also picks the thread count of the step's bf16 kernels (GEMMs,
+norms, attention: ``kb.set_call_threads``) per size class of the step's tokens, by
+``kb.ThreadChoice`` on the time from its first layer's attention call to its last (measured at
+the next ``plan``); ``INFER_CPU_BF16_PREFILL_THREADS`` fixes it.
+
 Any input a kernel declines, and every other cache dtype, runs the reference
 (``infer.core.ops.reference.attention``), which the kernels are tested against.
 """
 
 from __future__ import annotations
+
+import os
+import time
 
 import torch
 from infer.core.ops.attention import AttentionConfig, AttentionMetadata
@@ -30,6 +38,9 @@ from infer_cpu.kernels import bf16 as kb
 class TorchNativeAttention(ReferenceAttention):
     def __init__(self, config: AttentionConfig) -> None:
         super().__init__(config)
+        self._threads = kb.ThreadChoice(torch.get_num_threads(),
+                                        int(os.environ.get("INFER_CPU_BF16_PREFILL_THREADS", "0")))
+        self._step: list | None = None  # [tokens, threads, first call's time, last call's time]
         if config.deterministic and not self._kernel_fits():
             from infer_cpu.quant.methods import refuse_nondeterministic
 
@@ -50,6 +61,12 @@ class TorchNativeAttention(ReferenceAttention):
             self.meta = meta
             self._ext = torch.tensor(meta.extend_lens_cpu, dtype=torch.int32)
             self._seq = torch.tensor(meta.seq_lens_cpu, dtype=torch.int32)
+            step = self._step
+            if step is not None and step[3] > step[2]:  # the previous step's layers
+                self._threads.record(step[0], step[1], step[3] - step[2])
+            threads = self._threads.pick(meta.num_tokens)
+            kb.set_call_threads(threads)
+            self._step = [meta.num_tokens, threads, 0.0, 0.0]
         elif self._native:
             self.meta = meta  # the reference's plans are made only if the kernel declines
             self._rows = self._query_rows(meta)
@@ -76,6 +93,10 @@ class TorchNativeAttention(ReferenceAttention):
         meta = self.meta
         assert meta is not None, "plan() must run before forward()"
         if self._bf16:
+            now = time.perf_counter()
+            if self._step is not None:
+                self._step[3] = now
+                self._step[2] = self._step[2] or now
             out = kb.paged_attention(q, k, v, k_cache, v_cache, meta.slot_mapping,
                                      meta.block_tables, self._seq, self._ext, meta.page_size,
                                      self.config.scale)
