@@ -587,8 +587,9 @@ static void attend_unit(const bf16_attn *a, int u, float *s, float *o) {
  * A work unit is (sequence, KV head g, block of up to QB query rows): the keys it needs
  * (0 .. prefix + t1 - 1) are packed once into the GEMM's pair layout (K as a weight of N = keys
  * columns over D, V^T as a weight of D columns over keys), then the group's G heads x rows go
- * through the bf16 GEMM twice: scores = q K^T (float32), masked and softmaxed per row in float32,
- * the probabilities rounded to bf16, out = p V (float32 sums, rounded to bf16). */
+ * through the bf16 GEMM twice: scores = q K^T (float32), masked per row, exp(s - max) in float32
+ * rounded to bf16 (values in (0, 1], as torch's CPU flash attention rounds them), out = e V
+ * (float32 sums) divided by the float32 sum of the unrounded exps, then rounded to bf16. */
 #define QB 32
 
 typedef struct {
@@ -655,22 +656,23 @@ static void prefill_unit(const bf16_prefill *a, int seq, int g, int t0, int t1, 
       mx = sr[j] > mx ? sr[j] : mx;
     }
     for (int j = 0; j < seen; j++) sum += (sr[j] = expf(sr[j] - mx));
-    float inv = 1.f / sum;
     act_t *pr = w->pa + (int64_t)r * 2 * L2;
     for (int j = 0; j < seen; j++)
 #ifdef BF16_DP
-      pr[j] = f32_to_bf16(sr[j] * inv);
+      pr[j] = f32_to_bf16(sr[j]);
 #else
-      pr[j] = bf16_to_f32(f32_to_bf16(sr[j] * inv));
+      pr[j] = bf16_to_f32(f32_to_bf16(sr[j]));
 #endif
     for (int j = seen; j < 2 * L2; j++) pr[j] = 0;
+    sr[0] = 1.f / sum; /* the row's scores are spent: keep its normaliser there */
   }
   gemm_blocks(w->pa, 2 * L2, M, L2, w->vp, NULL, D, 0, NBd, w->o, D, 0);
   for (int tt = 0; tt < qn; tt++)
     for (int hh = 0; hh < G; hh++) {
       bf16 *dst = a->out + (int64_t)(a->row0[seq] + t0 + tt) * a->H * D + (int64_t)(g * G + hh) * D;
       const float *src = w->o + (int64_t)(tt * G + hh) * D;
-      for (int d = 0; d < D; d++) dst[d] = f32_to_bf16(src[d]);
+      float inv = w->s[(int64_t)(tt * G + hh) * L];
+      for (int d = 0; d < D; d++) dst[d] = f32_to_bf16(src[d] * inv);
     }
 }
 
