@@ -11,6 +11,9 @@ expert) assignments that land on this rank's experts are gathered into rows of o
 (k = 1 for the runner) and their outputs scattered back; the partial outputs of all ranks are
 summed by one all-reduce through the platform communicator. ``forward_rank_tokens`` is the
 variant for ranks holding different tokens: all-gather to dispatch, reduce-scatter to combine.
+A runner may take the dispatch and combine over (``MoERunner.dispatches`` /
+``dispatch_combine``, infer.core.ops.moe): each rank then routes its own share of the tokens,
+the runner returns their full outputs, and the layer neither all-reduces nor reduce-scatters.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class SparseMoE(nn.Module):
         self.top_k, self.renormalize = top_k, renormalize
         self.num_experts, self.intermediate_size = num_experts, intermediate_size
         self.tp_size, self.ep_size = ctx.tp_size, getattr(ctx, "ep_size", 1)
+        self.tp_rank = ctx.tp_rank
         self.shard = ExpertShard.for_rank(num_experts, intermediate_size, ctx.tp_size,
                                           ctx.tp_rank, self.ep_size)
         self.comm = ctx.comm
@@ -81,6 +85,8 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, D] (the same on every rank) -> [T, D]."""
+        if self.ep_size > 1 and self.runner.dispatches(self, -(-x.shape[0] // self.tp_size)):
+            return self._runner_dispatch(x)
         weights, ids = self.runner.select_experts(self.gate(x), self.top_k,
                                                   self.renormalize)  # [T, k]
         if self.ep_size == 1:
@@ -101,6 +107,10 @@ class SparseMoE(nn.Module):
         longest = int(counts.max())
         padded = torch.zeros(longest, x.shape[1], dtype=x.dtype, device=x.device)
         padded[:x.shape[0]] = x
+        if self.ep_size > 1 and self.runner.dispatches(self, longest):  # the runner's dispatch
+            weights, ids = self.runner.select_experts(self.gate(padded), self.top_k,
+                                                      self.renormalize)
+            return self.runner.dispatch_combine(self, padded, weights, ids)[:x.shape[0]]
         every = self.comm.all_gather(padded, dim=0)  # [W * longest, D]
         weights, ids = self.runner.select_experts(self.gate(every), self.top_k,
                                                   self.renormalize)
@@ -109,6 +119,18 @@ class SparseMoE(nn.Module):
         else:
             partial = self._local_experts(every, weights, ids)
         return self.comm.reduce_scatter(partial)[:x.shape[0]]  # [T_r, D]
+
+    def _runner_dispatch(self, x: torch.Tensor) -> torch.Tensor:
+        """The runner dispatches (MoERunner.dispatches): this rank's equal share of the
+        replicated tokens (zero rows pad T to a multiple of the ranks) is routed and handed to
+        ``dispatch_combine``; the shares' outputs are all-gathered back into [T, D]."""
+        share = -(-x.shape[0] // self.tp_size)
+        padded = torch.zeros(share * self.tp_size, x.shape[1], dtype=x.dtype, device=x.device)
+        padded[:x.shape[0]] = x
+        mine = padded[self.tp_rank * share:(self.tp_rank + 1) * share]
+        weights, ids = self.runner.select_experts(self.gate(mine), self.top_k, self.renormalize)
+        out = self.runner.dispatch_combine(self, mine, weights, ids)  # [share, D]
+        return self.comm.all_gather(out.contiguous(), dim=0)[:x.shape[0]]
 
     def _local_experts(self, x: torch.Tensor, weights: torch.Tensor,
                        ids: torch.Tensor) -> torch.Tensor:

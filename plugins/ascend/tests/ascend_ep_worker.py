@@ -11,12 +11,13 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 
 
-def _platform(emulated: bool):  # noqa: ANN202
+def _platform(emulated: bool, world: int):  # noqa: ANN202
     if emulated:
         sys.path.insert(0, str(HERE / "npu_emulation"))
         import ascend_emulation
 
-        ascend_emulation.install("A3")
+        torch_npu = ascend_emulation.install("A3")
+        torch_npu.npu.DEVICE["count"] = max(torch_npu.npu.DEVICE["count"], world)  # one per rank
         return ascend_emulation.emulated_platform("A3")
     from infer.core.plugins import get_plugin_host
 
@@ -25,8 +26,10 @@ def _platform(emulated: bool):  # noqa: ANN202
 
 def run(rank: int, world: int, port: int, out_dir: str, emulated: bool, cases: list[dict],
         done: Any) -> None:
-    """For each case {name, path, tp, ep, quantization, work}: load this rank's shard on the Ascend platform
-    and run the batches ``work`` (lists of (seq, tokens)) through the paged driver.
+    """For each case {name, path, tp, ep, quantization, work, generation (optional: the emulated
+    chip for this case)}: load this rank's shard on the Ascend platform
+    and run the batches ``work`` (lists of (seq, tokens)) through the paged driver; the
+    number of MC2 dispatch calls each case made is saved beside its logits.
 
     Teardown: ``done`` (a multiprocessing Barrier of the ``world`` ranks, outside the process
     group) is passed once every rank has finished its last collective and saved its results, and
@@ -38,7 +41,7 @@ def run(rank: int, world: int, port: int, out_dir: str, emulated: bool, cases: l
     once at the end of test_two_ranks_match_one; it did not recur here (3 runs under two busy
     loops before this change, nor in small gloo programs whose ranks exit at different times),
     so the handshake removes the window rather than a reproduced failure."""
-    platform = _platform(emulated)
+    platform = _platform(emulated, world)
     import torch
     import torch.distributed as dist
     from infer.core.model.loader import load_model
@@ -50,14 +53,30 @@ def run(rank: int, world: int, port: int, out_dir: str, emulated: bool, cases: l
     platform.bind_local_rank(rank, world)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group(platform.dist_backend, rank=rank, world_size=world)
+    import torch_npu
+
+    mc2_calls = []  # every MC2 dispatch this rank makes (the runner's expert-parallel hook)
+    dispatch = torch_npu.npu_moe_distribute_dispatch
+
+    def counting_dispatch(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        mc2_calls.append(1)
+        return dispatch(*args, **kwargs)
+
+    torch_npu.npu_moe_distribute_dispatch = counting_dispatch
     out = {}
     for c in cases:
+        if emulated and c.get("generation"):  # the chip the case emulates (A2 / A3)
+            import ascend_emulation
+
+            ascend_emulation.install(c["generation"])
+        before = len(mc2_calls)
         loaded = load_model(c["path"], platform=platform, host=get_plugin_host(), dtype="float16",
                             quantization=c["quantization"], page_size=PAGE,
                             skip_tokenizer_init=True, progress=False,
                             tp_size=c["tp"], tp_rank=rank, ep_size=c["ep"])
         pages = Pages(loaded, torch.device(platform.torch_device))
         out[c["name"]] = [torch.cat(pages.step(batch)) for batch in c["work"]]
+        out[c["name"] + "_mc2_calls"] = len(mc2_calls) - before
     gathered = loaded.ctx.comm.all_gather(torch.full((2, 1), float(rank),
                                                      device=platform.torch_device), dim=-1)
     out["_all_gather"] = gathered.cpu()

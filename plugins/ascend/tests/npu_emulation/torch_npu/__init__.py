@@ -20,6 +20,7 @@ from ._moe import (
     npu_moe_gating_top_k_softmax,
     npu_moe_init_routing_v2,
 )
+from ._moe_dist import install_comm_names, npu_moe_distribute_combine, npu_moe_distribute_dispatch
 from ._quant import (
     npu_dynamic_quant,
     npu_quant_matmul,
@@ -34,7 +35,8 @@ EMULATED = True
 __all__ = [
     "_npu_reshape_and_cache", "_npu_rotary_embedding", "npu", "npu_add_rms_norm",
     "npu_dynamic_quant", "npu_fused_infer_attention_score", "npu_grouped_matmul",
-    "npu_moe_finalize_routing", "npu_moe_gating_top_k_softmax", "npu_moe_init_routing_v2", "npu_quant_matmul", "npu_quantize",
+    "npu_moe_distribute_combine", "npu_moe_distribute_dispatch", "npu_moe_finalize_routing",
+    "npu_moe_gating_top_k_softmax", "npu_moe_init_routing_v2", "npu_quant_matmul", "npu_quantize",
     "npu_rms_norm", "npu_swiglu", "npu_trans_quant_param", "npu_weight_quant_batchmatmul",
 ]
 
@@ -56,3 +58,4 @@ def _register_hccl() -> None:
 
 torch.npu = npu  # what importing the real torch_npu does
 _register_hccl()
+install_comm_names()
