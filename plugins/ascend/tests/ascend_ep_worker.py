@@ -24,10 +24,19 @@ def _platform(emulated: bool, world: int):  # noqa: ANN202
     return get_plugin_host().select("ascend")
 
 
+def rank_tokens(world: int, hidden: int) -> list[Any]:
+    """Every rank's own tokens for SparseMoE.forward_rank_tokens: 1, 2 or 3 rows per rank."""
+    import torch
+
+    g = torch.Generator().manual_seed(7)
+    return [torch.randn(1 + r % 3, hidden, generator=g) for r in range(world)]
+
+
 def run(rank: int, world: int, port: int, out_dir: str, emulated: bool, cases: list[dict],
         done: Any) -> None:
     """For each case {name, path, tp, ep, quantization, work, generation (optional: the emulated
-    chip for this case)}: load this rank's shard on the Ascend platform
+    chip for this case), rank_tokens (optional: also run the first MoE layer's
+    forward_rank_tokens on ``rank_tokens(world, hidden)[rank]``)}: load this rank's shard on the Ascend platform
     and run the batches ``work`` (lists of (seq, tokens)) through the paged driver; the
     number of MC2 dispatch calls each case made is saved beside its logits.
 
@@ -76,6 +85,13 @@ def run(rank: int, world: int, port: int, out_dir: str, emulated: bool, cases: l
                             tp_size=c["tp"], tp_rank=rank, ep_size=c["ep"])
         pages = Pages(loaded, torch.device(platform.torch_device))
         out[c["name"]] = [torch.cat(pages.step(batch)) for batch in c["work"]]
+        if c.get("rank_tokens"):  # the first MoE layer on tokens that differ per rank
+            from infer.core.model.layers.moe import SparseMoE
+
+            moe = next(m for m in loaded.model.modules() if isinstance(m, SparseMoE))
+            mine = rank_tokens(world, moe.w13.shape[2])[rank].to(moe.w13.dtype)
+            with torch.inference_mode():
+                out[c["name"] + "_rank_tokens"] = moe.forward_rank_tokens(mine).cpu()
         out[c["name"] + "_mc2_calls"] = len(mc2_calls) - before
     gathered = loaded.ctx.comm.all_gather(torch.full((2, 1), float(rank),
                                                      device=platform.torch_device), dim=-1)

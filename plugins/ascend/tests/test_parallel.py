@@ -111,7 +111,8 @@ def mc2_case(tmp_path_factory):
     b = torch.randint(0, 128, (7,), generator=gen).tolist()
     # prefill of 47 tokens (6 per rank, padded), then decode rows: 2 tokens over 8 ranks
     work = [[("a", a[:38]), ("b", b)], [("a", a[38:39]), ("b", [3])], [("a", a[39:])]]
-    return {"path": str(path), "tp": 8, "ep": 8, "quantization": None, "work": work}
+    return {"path": str(path), "tp": 8, "ep": 8, "quantization": None, "work": work,
+            "rank_tokens": True}
 
 
 @pytest.mark.slow
@@ -134,7 +135,8 @@ def test_mc2_on_a3_matches_all_gather_and_one_rank(mc2_case, ascend, device, tmp
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     layers, steps = 2, len(mc2_case["work"])
     for res in ranks:
-        assert res["mc2_mc2_calls"] == layers * steps  # every MoE layer of every step
+        # every MoE layer of every step, and one forward_rank_tokens
+        assert res["mc2_mc2_calls"] == layers * steps + 1
         assert res["all_gather_mc2_calls"] == 0
     one = load_model(mc2_case["path"], platform=ascend, host=get_plugin_host(), dtype="float16",
                      page_size=PAGE, skip_tokenizer_init=True, progress=False)
@@ -148,3 +150,19 @@ def test_mc2_on_a3_matches_all_gather_and_one_rank(mc2_case, ascend, device, tmp
                 want = gathered if label == "mc2 vs all-gather" else ref
                 err = ((got - want).abs().max() / want.abs().max()).item()
                 assert err < TOL, (label, i, r, err)
+    # ranks holding different tokens (forward_rank_tokens): MC2 on A3 (no reduce-scatter by the
+    # layer), all-gather + reduce-scatter on A2, against the one-rank layer on all the tokens
+    from infer.core.model.layers.moe import SparseMoE
+
+    moe = next(m for m in one.model.modules() if isinstance(m, SparseMoE))
+    xs = ascend_ep_worker.rank_tokens(world, moe.w13.shape[2])
+    with torch.inference_mode():
+        ref = moe(torch.cat(xs).to(moe.w13.dtype).to(device)).float().cpu()
+    start = 0
+    for r, (res, x) in enumerate(zip(ranks, xs, strict=True)):
+        want = ref[start:start + x.shape[0]]
+        start += x.shape[0]
+        for case in ("mc2", "all_gather"):
+            got = res[case + "_rank_tokens"].float()
+            err = ((got - want).abs().max() / want.abs().max()).item()
+            assert err < TOL, (case, "forward_rank_tokens", r, err)
