@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import faulthandler
 import logging
+import multiprocessing
 import os
 import signal
 import sys
@@ -90,7 +91,10 @@ class _EngineLoop:
         self.push = push
         self.signals = signals or _Signals()
         self.signals_seen = 0
-        self.parent = os.getppid()
+        # the HTTP process; it may have died while the model loaded, when getppid() would
+        # already name the reaper that adopted us, so take the pid multiprocessing recorded
+        spawned_by = multiprocessing.parent_process()
+        self.parent = spawned_by.pid if spawned_by is not None else os.getppid()
         self.step_started: float | None = None  # set while core.step() runs
         self.stopping = False
         self.last_stats = 0.0
