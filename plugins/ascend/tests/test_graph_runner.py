@@ -5,19 +5,14 @@ runner copies the device inputs and hands the attention its host-side KV lengths
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 from infer.core.config.views import CacheConfig, EngineConfig, GraphConfig, LoadConfig
 from infer.core.engine.model_runner import DecodeInputs, ModelRunner
 from infer.core.model.loader import load_model
 
-ROOT = Path(__file__).resolve().parents[3]
-_spec = importlib.util.spec_from_file_location("hf_tiny", ROOT / "tests" / "model" / "hf_tiny.py")
-hf_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(hf_tiny)
+from .hf_models import hf_tiny
+
 PAGE = 128
 
 

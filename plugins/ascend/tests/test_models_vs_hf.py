@@ -5,19 +5,12 @@ as the radix cache shares them). Teacher-forced: both sides see the same tokens.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 from infer.core.model.loader import load_model
 
+from .hf_models import hf_tiny
 from .paged_driver import PAGE, Pages
-
-ROOT = Path(__file__).resolve().parents[3]
-_spec = importlib.util.spec_from_file_location("hf_tiny", ROOT / "tests" / "model" / "hf_tiny.py")
-hf_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(hf_tiny)
 
 ARCHS = ["llama", "llama_tied", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe"]
 TOL = 2e-2  # float16 activations against float32 transformers, relative to the largest logit

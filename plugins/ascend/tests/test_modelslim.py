@@ -9,7 +9,6 @@ comparison can fail), and ``w8a8_int8`` on the same checkpoint is the same metho
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -17,14 +16,11 @@ import pytest
 import torch
 from infer.core.model.loader import load_model
 
+from .hf_models import hf_tiny
 from .modelslim_ckpt import calibrate, write_modelslim
 from .paged_driver import PAGE, Pages
 
 pytestmark = pytest.mark.usefixtures("npu_emulation")
-ROOT = Path(__file__).resolve().parents[3]
-_spec = importlib.util.spec_from_file_location("hf_tiny", ROOT / "tests" / "model" / "hf_tiny.py")
-hf_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(hf_tiny)
 
 # 8-bit activations vs the dequantised float model, of the largest logit (measured here: 0.03
 # mixed, 0.05 all-static, 0.02 all-dynamic; with the offsets' sign flipped: 1.46)

@@ -9,7 +9,6 @@ layers, the row-parallel quant_bias added once."""
 
 from __future__ import annotations
 
-import importlib.util
 import multiprocessing as mp
 import socket
 import sys
@@ -19,14 +18,11 @@ import pytest
 import torch
 
 from .conftest import HARDWARE
+from .hf_models import hf_tiny
 from .paged_driver import PAGE, Pages
 from .ranks import run_ranks
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[2]
-_spec = importlib.util.spec_from_file_location("hf_tiny", ROOT / "tests" / "model" / "hf_tiny.py")
-hf_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(hf_tiny)
 TOL = 1e-2
 
 
