@@ -160,12 +160,21 @@ def bench(url: str, tokenizer: str, conc: int, prompts: int, lens: tuple[int, in
     cmd = ["infer", "bench", "serving", "--base-url", url, "--tokenizer", tokenizer,
            "--num-prompts", str(prompts), "--max-concurrency", str(conc), "--input-len",
            str(lens[0]), "--output-len", str(lens[1]), "--disable-tqdm", "--result-file", str(out)]
+    return _bench_row(cmd, {}, f"c={conc}", log)
+
+
+def _bench_row(cmd: list[str], env: dict, label: str, log: list) -> dict:
+    """Run one ``infer bench`` command (extra environment ``env``), log it with the load average
+    before and after, and return the first row of its --result-file (the last argument)."""
+    out = Path(cmd[-1])
     before, t = load_avg(), time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
-    entry = {"cmd": " ".join(cmd), "rc": proc.returncode, "load_before": before,
-             "load_after": load_avg(), "wall_s": round(time.time() - t, 1)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600,
+                          env={**os.environ, **env})
+    entry = {"cmd": " ".join([*(f"{k}={v}" for k, v in env.items()), *cmd]),
+             "rc": proc.returncode, "load_before": before, "load_after": load_avg(),
+             "wall_s": round(time.time() - t, 1)}
     log.append(entry)
-    print(f"[{entry['load_after']}] c={conc}: rc {proc.returncode} {proc.stderr.strip()[-300:]}",
+    print(f"[{entry['load_after']}] {label}: rc {proc.returncode} {proc.stderr.strip()[-300:]}",
           flush=True)
     if proc.returncode != 0 or not out.exists():
         return {}
@@ -184,20 +193,7 @@ def offline(cmd: list[str], env: dict, conc: int, prompts: int, lens: tuple[int,
     bench_cmd = ["infer", "bench", "offline", "--model-path", model, *extra, "--num-prompts",
                  str(prompts), "--input-len", str(lens[0]), "--output-len", str(lens[1]),
                  "--max-running-requests", str(conc), "--result-file", str(out)]
-    before, t = load_avg(), time.time()
-    proc = subprocess.run(bench_cmd, capture_output=True, text=True, timeout=3600,
-                          env={**os.environ, **env})
-    shown = " ".join([*(f"{k}={v}" for k, v in env.items()), *bench_cmd])
-    entry = {"cmd": shown, "rc": proc.returncode, "load_before": before,
-             "load_after": load_avg(), "wall_s": round(time.time() - t, 1)}
-    log.append(entry)
-    print(f"[{entry['load_after']}] offline: rc {proc.returncode} {proc.stderr.strip()[-300:]}",
-          flush=True)
-    if proc.returncode != 0 or not out.exists():
-        return {}
-    res = json.loads(out.read_text())["results"][0]
-    res["load_before"], res["load_after"] = entry["load_before"], entry["load_after"]
-    return res
+    return _bench_row(bench_cmd, env, "offline", log)
 
 
 def run(args: argparse.Namespace) -> dict:
