@@ -50,7 +50,8 @@ def compiler() -> str | None:
 
 
 def _target(cc: str, flags: list[str], source: Path = SOURCE, lib_name: str = LIB_NAME) -> Path:
-    key = hashlib.sha256(source.read_bytes() + " ".join([cc, *flags]).encode()
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+    key = hashlib.sha256(source.read_bytes() + headers + " ".join([cc, *flags]).encode()
                          + _cpu_id().encode()).hexdigest()[:16]
     return _cache_dir() / key / lib_name
 

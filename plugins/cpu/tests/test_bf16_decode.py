@@ -170,11 +170,13 @@ def _check_stack(d: Dims, threads: int, lib: ctypes.CDLL, seed: int,
         lm_packed.data.data_ptr(), vocab, logits.data_ptr())
     # the same rounding points: only float32 summation order differs, and through it, now and
     # then, one bf16 rounding of a GEMM input flips by an ulp, which moves that row's later
-    # values by ~1e-3 (seen in 1 row of 19); a wrong head, row or column moves many rows by O(1)
+    # values by ~1e-3 (seen in 1 row of 19, and in 1 of 5 with the vectorized exp of SiLU and
+    # softmax, a few ulps from torch's); a wrong head, row or column moves many rows by O(1)
+    flips = max(1, b // 8)
     rows = (h - want).norm(dim=1) / (want - h0).norm(dim=1)
-    assert (rows < 2e-4).float().mean() >= 0.85 and rows.max() < 5e-3, f"per-row errors {rows}"
+    assert int((rows >= 2e-4).sum()) <= flips and rows.max() < 5e-3, f"per-row errors {rows}"
     rows = (logits - want_logits).norm(dim=1) / want_logits.norm(dim=1)
-    assert (rows < 2e-3).float().mean() >= 0.85 and rows.max() < 2e-2, f"logits' errors {rows}"
+    assert int((rows >= 2e-3).sum()) <= flips and rows.max() < 2e-2, f"logits' errors {rows}"
     for mine, ref in zip(kcs + vcs, ref_k + ref_v, strict=True):
         off = (mine.float() - ref.float()).abs() > 1e-3 + 2 ** -7 * ref.float().abs()
         assert off.float().mean() < 1e-3 and (mine.float() - ref.float()).abs().max() < 0.02

@@ -28,6 +28,7 @@
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#include "infer_cpu_vmath.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define BF16_DP 1 /* vdpbf16ps on bf16 activation pairs */
@@ -170,6 +171,31 @@ static inline bf16 f32_to_bf16(float f) {
   if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (bf16)((u >> 16) | 0x40);
   return (bf16)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
+
+#if defined(__AVX512F__)
+/* 16 bf16 at p as float32. */
+static inline __m512 bf16x16_load(const bf16 *p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* f32_to_bf16 of 16 values (nearest even, subnormals kept, NaN quieted), as bf16 bits. */
+static inline __m256i bf16x16_pack(__m512 v) {
+  __m512i u = _mm512_castps_si512(v);
+  __m512i r = _mm512_srli_epi32(
+      _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF),
+                                           _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)))),
+      16);
+  __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
+                                          _mm512_set1_epi32(0x7F800000));
+  r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  return _mm512_cvtepi32_epi16(r);
+}
+
+/* v rounded to bf16 and back to float32. */
+static inline __m512 bf16x16_round(__m512 v) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16x16_pack(v)), 16));
+}
+#endif
 
 /* x [K] (float32, or bf16 when x_bf16) -> the GEMM's activation row o [2 * ceil(K / 2)]:
  * rounded to bf16, the odd tail padded with a zero. */
@@ -475,10 +501,17 @@ static void silu_unit(void *p, int u, int w) { /* 16 rows */
   (void)w;
   for (int t = u * 16; t < j->T && t < (u + 1) * 16; t++) {
     const bf16 *g = j->x + (int64_t)t * j->x_stride;
-    for (int i = 0; i < j->I; i++) {
-      float gv = bf16_to_f32(g[i]);
-      float sl = bf16_to_f32(f32_to_bf16(gv / (1.f + expf(-gv))));
-      j->out[(int64_t)t * j->I + i] = f32_to_bf16(sl * bf16_to_f32(g[j->I + i]));
+    bf16 *o = j->out + (int64_t)t * j->I;
+    int i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= j->I; i += 16) {
+      __m512 sl = bf16x16_round(vm_silu16(bf16x16_load(g + i)));
+      _mm256_storeu_si256((__m256i *)(o + i), bf16x16_pack(_mm512_mul_ps(sl, bf16x16_load(g + j->I + i))));
+    }
+#endif
+    for (; i < j->I; i++) {
+      float sl = bf16_to_f32(f32_to_bf16(vm_silu(bf16_to_f32(g[i]))));
+      o[i] = f32_to_bf16(sl * bf16_to_f32(g[j->I + i]));
     }
   }
 }
@@ -554,8 +587,98 @@ typedef struct {
 
 /* Unit u = (sequence b, KV head g): its H / Hkv query heads over the sequence's keys and values.
  * s: scratch of (H / Hkv) * seq_len floats; o: scratch of (H / Hkv) * D floats. */
+#if defined(__AVX512F__)
+/* r[i] = the sum of v[i]'s 16 lanes, i < 16: a transposing tree of 15 adds (each level halves
+ * the vectors and doubles the lanes that hold one vector's partial sums), then one permute puts
+ * vector i's sum in lane i. */
+static inline __m512 reduce16x16(const __m512 v[16]) {
+  __m512 w[8], x[4], y[2];
+  for (int i = 0; i < 8; i++) /* chunks: v_i, v_i, v_i+8, v_i+8 (8 partials each) */
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[i], v[i + 8], 0x44), _mm512_shuffle_f32x4(v[i], v[i + 8], 0xEE));
+  for (int i = 0; i < 4; i++) /* chunks: v_i, v_i+8, v_i+4, v_i+12 (4 partials each) */
+    x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[i], w[i + 4], 0x88), _mm512_shuffle_f32x4(w[i], w[i + 4], 0xDD));
+  for (int i = 0; i < 2; i++) /* per chunk: x_i's vector (2 partials), x_i+2's (2 partials) */
+    y[i] = _mm512_add_ps(_mm512_shuffle_ps(x[i], x[i + 2], 0x88), _mm512_shuffle_ps(x[i], x[i + 2], 0xDD));
+  /* per chunk c, position p: the total of x_{0,2,1,3}[p]'s vector in chunk c */
+  __m512 z = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
+  const __m512i at = _mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15);
+  return _mm512_permutexvar_ps(at, z);
+}
+
+/* attend_unit for D = 16 NC and G heads with the queries (G NC vectors) and the outputs (G NC
+ * accumulators) in registers: scores 16 keys at a time (each key's G lane-wise products kept,
+ * then reduced together), the softmax numerators in place, then o_h = sum_j e_hj v_j / sum_j e_hj.
+ * Inlined with constant NC and G. */
+static inline __attribute__((always_inline)) void attend_regs(const bf16_attn *a, int b, int g,
+                                                               float *s, int NC, int G) {
+  int D = a->D, L = a->seq_lens[b];
+  const float *q = a->q + b * a->q_stride + (int64_t)g * G * D;
+  const int32_t *bt = a->block_tables + b * a->bt_stride;
+  int64_t row = (int64_t)a->Hkv * D;
+  __m512 qv[4][8], part[4][16], acc[4][8];
+  for (int h = 0; h < G; h++)
+    for (int c = 0; c < NC; c++) qv[h][c] = _mm512_loadu_ps(q + h * D + 16 * c);
+  for (int j0 = 0; j0 < L; j0 += 16) {
+    int n = L - j0 < 16 ? L - j0 : 16;
+    for (int jj = 0; jj < 16; jj++) {
+      if (jj >= n) {
+        for (int h = 0; h < G; h++) part[h][jj] = _mm512_setzero_ps();
+        continue;
+      }
+      int j = j0 + jj;
+      const bf16 *k = a->k_cache + ((int64_t)bt[j / a->page] * a->page + j % a->page) * row + (int64_t)g * D;
+      __m512 kv[8];
+      for (int c = 0; c < NC; c++) kv[c] = bf16x16_load(k + 16 * c);
+      for (int h = 0; h < G; h++) {
+        __m512 t = _mm512_mul_ps(qv[h][0], kv[0]);
+        for (int c = 1; c < NC; c++) t = _mm512_fmadd_ps(qv[h][c], kv[c], t);
+        part[h][jj] = t;
+      }
+    }
+    for (int h = 0; h < G; h++) _mm512_mask_storeu_ps(s + h * L + j0, (__mmask16)((1u << n) - 1), reduce16x16(part[h]));
+  }
+  float inv[4];
+  for (int h = 0; h < G; h++) {
+    float *sh = s + h * L, mx = -INFINITY;
+    for (int j = 0; j < L; j++) mx = sh[j] > mx ? sh[j] : mx;
+    inv[h] = 1.f / vm_exp_sub(sh, L, a->scale, mx * a->scale);
+    for (int c = 0; c < NC; c++) acc[h][c] = _mm512_setzero_ps();
+  }
+  for (int j = 0; j < L; j++) {
+    const bf16 *v = a->v_cache + ((int64_t)bt[j / a->page] * a->page + j % a->page) * row + (int64_t)g * D;
+    __m512 vv[8];
+    for (int c = 0; c < NC; c++) vv[c] = bf16x16_load(v + 16 * c);
+    for (int h = 0; h < G; h++) {
+      __m512 p = _mm512_set1_ps(s[h * L + j]);
+      for (int c = 0; c < NC; c++) acc[h][c] = _mm512_fmadd_ps(p, vv[c], acc[h][c]);
+    }
+  }
+  bf16 *dst = a->out + (int64_t)b * a->H * D + (int64_t)g * G * D;
+  for (int h = 0; h < G; h++)
+    for (int c = 0; c < NC; c++)
+      _mm256_storeu_si256((__m256i *)(dst + h * D + 16 * c),
+                          bf16x16_pack(_mm512_mul_ps(acc[h][c], _mm512_set1_ps(inv[h]))));
+}
+#endif
+
 static void attend_unit(const bf16_attn *a, int u, float *s, float *o) {
   int b = u / a->Hkv, g = u % a->Hkv, G = a->H / a->Hkv, D = a->D, L = a->seq_lens[b];
+#if defined(__AVX512F__)
+  /* register budget: G NC queries + G NC accumulators + NC loads (+ 16 G partials, spilled) */
+  switch (D == 64 && G <= 4 ? G : D == 128 && G <= 2 ? 4 + G : D == 32 && G <= 4 ? 6 + G : 0) {
+    case 1: attend_regs(a, b, g, s, 4, 1); return;
+    case 2: attend_regs(a, b, g, s, 4, 2); return;
+    case 3: attend_regs(a, b, g, s, 4, 3); return;
+    case 4: attend_regs(a, b, g, s, 4, 4); return;
+    case 5: attend_regs(a, b, g, s, 8, 1); return;
+    case 6: attend_regs(a, b, g, s, 8, 2); return;
+    case 7: attend_regs(a, b, g, s, 2, 1); return;
+    case 8: attend_regs(a, b, g, s, 2, 2); return;
+    case 9: attend_regs(a, b, g, s, 2, 3); return;
+    case 10: attend_regs(a, b, g, s, 2, 4); return;
+    default: break;
+  }
+#endif
   const float *q = a->q + b * a->q_stride + (int64_t)g * G * D;
   const int32_t *bt = a->block_tables + b * a->bt_stride;
   int64_t row = (int64_t)a->Hkv * D;
@@ -567,7 +690,7 @@ static void attend_unit(const bf16_attn *a, int u, float *s, float *o) {
   for (int h = 0; h < G; h++) {
     float mx = -INFINITY, sum = 0.f, *sh = s + h * L;
     for (int j = 0; j < L; j++) mx = sh[j] > mx ? sh[j] : mx;
-    for (int j = 0; j < L; j++) sum += (sh[j] = expf(sh[j] - mx));
+    sum = vm_exp_sub(sh, L, 1.f, mx);
     float inv = 1.f / sum;
     for (int j = 0; j < L; j++) sh[j] *= inv;
   }
@@ -655,7 +778,7 @@ static void prefill_unit(const bf16_prefill *a, int seq, int g, int t0, int t1, 
       sr[j] *= a->scale;
       mx = sr[j] > mx ? sr[j] : mx;
     }
-    for (int j = 0; j < seen; j++) sum += (sr[j] = expf(sr[j] - mx));
+    sum = vm_exp_sub(sr, seen, 1.f, mx);
     act_t *pr = w->pa + (int64_t)r * 2 * L2;
     for (int j = 0; j < seen; j++)
 #ifdef BF16_DP
@@ -887,7 +1010,7 @@ static void dec_mlp_unit(void *p, int u, int worker) {
   gemm_cols(j->xn, j->as, st->B, st->hidden, j->L->wgu, NULL, 2 * I, I + c0, I + c1, j->gu);
   for (int m = 0; m < st->B; m++) {
     const float *g = j->gu + (int64_t)m * 2 * I;
-    for (int i = c0; i < c1; i++) tmp[i] = g[i] / (1.f + expf(-g[i])) * g[I + i];
+    vm_silu_mul(g + c0, g + I + c0, tmp + c0, c1 - c0);
     act_t *dst = j->down + m * j->as;
 #ifdef BF16_DP
     for (int i = c0; i < c1; i++) dst[i] = f32_to_bf16(tmp[i]);

@@ -29,6 +29,7 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#include "infer_cpu_vmath.h"
 
 #define QK 32
 
@@ -202,9 +203,7 @@ static inline float dot_q8(const block_q8 *w, const int8_t *xq, const float *xd,
 }
 
 /* o[i] = silu(gu[i]) * gu[I + i] for one row (the SiLU-gated MLP's gate). */
-static void silu_mul_row(const float *gu, float *o, int I) {
-  for (int i = 0; i < I; i++) o[i] = gu[i] / (1.f + expf(-gu[i])) * gu[I + i];
-}
+static void silu_mul_row(const float *gu, float *o, int I) { vm_silu_mul(gu, gu + I, o, I); }
 
 /* Activation rows -> q8 blocks. With silu_mul the input rows are [gate | up] of width 2K and
  * the quantized row is silu(gate) * up (the fused SiLU-gated MLP input of the down projection). */
@@ -1151,40 +1150,8 @@ void infer_silu_mul(const float *x, int64_t x_stride, float *out, int T, int I) 
   for (int t = 0; t < T; t++) silu_mul_row(x + t * x_stride, out + (int64_t)t * I, I);
 }
 
-/* s[j] <- exp(s[j] - mx) for j < n; returns the sum. AVX2: exp by range reduction
- * (x = k ln2 + r, |r| <= ln2 / 2) and a degree-6 Taylor polynomial, relative error ~2e-7. */
-static float exp_minus_max(float *s, int n, float mx) {
-  float sum = 0.f;
-  int j = 0;
-#ifdef __AVX2__
-  const __m256 vmx = _mm256_set1_ps(mx), lo = _mm256_set1_ps(-87.f);
-  const __m256 log2e = _mm256_set1_ps(1.44269504f), ln2hi = _mm256_set1_ps(0.693359375f),
-               ln2lo = _mm256_set1_ps(-2.12194440e-4f);
-  __m256 acc = _mm256_setzero_ps();
-  for (; j + 8 <= n; j += 8) {
-    __m256 x = _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(s + j), vmx), lo);
-    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(k, ln2hi)), _mm256_mul_ps(k, ln2lo));
-    __m256 p = _mm256_set1_ps(1.f / 720.f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120.f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24.f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6.f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    __m256 v = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-    _mm256_storeu_ps(s + j, v);
-    acc = _mm256_add_ps(acc, v);
-  }
-  sum = hsum256(acc);
-#endif
-  for (; j < n; j++) {
-    s[j] = expf(s[j] - mx);
-    sum += s[j];
-  }
-  return sum;
-}
+/* s[j] <- exp(s[j] - mx) for j < n; returns the sum (infer_cpu_vmath.h's exp). */
+static float exp_minus_max(float *s, int n, float mx) { return vm_exp_sub(s, n, 1.f, mx); }
 
 /* One (sequence, query head) of decode attention: out[bh] = softmax(q k^T * scale) v over the
  * sequence's pages. The portable path (no AVX2, or D not a multiple of 32). */
