@@ -1,5 +1,5 @@
 """Small per-layer ops a platform may replace with fused kernels: RMSNorm (with the residual add
-of a pre-norm block), rotary embedding and the SiLU gate.
+of a pre-norm block), rotary embedding, the SiLU gate and the residual add after the MLP.
 
 The functions here are the plain-torch references. A plugin contributes faster ones through the
 ``register_layer_ops`` hook: ``register(name, fn, platforms)`` with ``name`` one of ``OPS`` (``fn``
@@ -15,6 +15,8 @@ Signatures (shapes in brackets):
 - ``rotary(positions [T] int64, q [T, H, D], k [T, Hkv, D], cos_sin [P, R], R) -> (q, k)``:
   rotate-half over the first R dims; may rotate in place (q and k are fresh projections).
 - ``silu_and_mul(x [T, 2I]) -> [T, I]``: silu(x[:, :I]) * x[:, I:].
+- ``residual_add(h [T, d], x [T, d]) -> h + x``: the residual stream plus a block's output (the
+  add a decoder layer ends with), in their dtype; a plugin's kernel must round as torch's add does.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-OPS = ("rms_norm", "rotary", "silu_and_mul")
+OPS = ("rms_norm", "rotary", "silu_and_mul", "residual_add")
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -60,8 +62,13 @@ def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def residual_add_ref(h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return h + x
+
+
 REFERENCE: dict[str, Callable[..., Any]] = {
-    "rms_norm": rms_norm_ref, "rotary": rotary_ref, "silu_and_mul": silu_and_mul_ref}
+    "rms_norm": rms_norm_ref, "rotary": rotary_ref, "silu_and_mul": silu_and_mul_ref,
+    "residual_add": residual_add_ref}
 
 
 def _with_fallback(fast: Callable[..., Any], ref: Callable[..., Any]) -> Callable[..., Any]:
@@ -78,6 +85,7 @@ class LayerOps:
     rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor | None]] = rms_norm_ref
     rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]] = rotary_ref
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor] = silu_and_mul_ref
+    residual_add: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = residual_add_ref
 
     @classmethod
     def with_kernels(cls, kernels: dict[str, Callable[..., Any] | None]) -> LayerOps:

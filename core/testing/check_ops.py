@@ -173,6 +173,9 @@ def _layer_op_inputs(name: str, dtype: torch.dtype, device: torch.device,
     elif name == "silu_and_mul":
         for t, i in ((1, 64), (13, 96), (64, 1536)):
             cases.append((f"{t}x{2 * i}", (rnd(t, 2 * i),)))
+    elif name == "residual_add":
+        for t, d in ((1, 64), (7, 576), (512, 576), (3, 41)):
+            cases.append((f"{t}x{d}", (rnd(t, d), rnd(t, d))))
     return cases
 
 

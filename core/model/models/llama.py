@@ -16,7 +16,7 @@ from infer.core.model.layers.mlp import GatedMLP
 from infer.core.model.layers.norm import RMSNorm
 from infer.core.model.models.base import DecoderOnlyLM
 from infer.core.ops.forward_batch import ForwardBatch
-from infer.core.ops.layer_ops import LayerOps
+from infer.core.ops.layer_ops import REFERENCE_OPS, LayerOps
 from torch import nn
 
 
@@ -28,11 +28,12 @@ class DecoderLayer(nn.Module):
         self.self_attn = attn
         self.post_attention_layernorm = RMSNorm(hidden_size, eps, dtype, ops)
         self.mlp = mlp
+        self._add = (ops or REFERENCE_OPS).residual_add
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, fwd: ForwardBatch) -> torch.Tensor:
         a = self.self_attn(positions, self.input_layernorm(h), fwd)  # [T, hidden]
         x, h = self.post_attention_layernorm(a, h)  # h <- h + a; x = norm(h)
-        return h + self.mlp(x)
+        return self._add(h, self.mlp(x))
 
 
 class LlamaForCausalLM(DecoderOnlyLM):

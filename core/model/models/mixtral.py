@@ -30,7 +30,7 @@ class MixtralDecoderLayer(DecoderLayer):
     def forward(self, positions: Any, h: Any, fwd: Any) -> Any:
         a = self.self_attn(positions, self.input_layernorm(h), fwd)  # [T, hidden]
         x, h = self.post_attention_layernorm(a, h)
-        return h + self.block_sparse_moe(x)
+        return self._add(h, self.block_sparse_moe(x))
 
 
 class MixtralForCausalLM(LlamaForCausalLM):

@@ -67,6 +67,7 @@ def register_layer_ops(register: Any) -> None:
     register("rms_norm", "infer_cpu.kernels.bf16:rms_norm", "cpu")
     register("rotary", "infer_cpu.kernels.bf16:rope_", "cpu")
     register("silu_and_mul", "infer_cpu.kernels.bf16:silu_mul", "cpu")
+    register("residual_add", "infer_cpu.kernels.bf16:residual_add", "cpu")
 
 
 @hookimpl

@@ -243,7 +243,28 @@ def test_silu_mul_bf16(t, i):
     _assert_bf16_match(kb.silu_mul(x), silu_and_mul_ref(x))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", [(1, 7), (3, 576), (512, 576), (70, 1000)])  # tails, several units
+@pytest.mark.parametrize("threads", [1, 2])
+def test_residual_add_is_torchs_add(dtype, shape, threads):
+    g = _gen(11)
+    h, x = (torch.randn(*shape, generator=g) * 8).to(dtype), torch.randn(*shape, generator=g).to(dtype)
+    h[0, 0], x[0, 0] = float("nan"), 1.0  # NaN stays NaN
+    kb.set_call_threads(threads)
+    try:
+        out = kb.residual_add(h, x)
+    finally:
+        kb.set_call_threads(0)
+    assert out.dtype == dtype and out.shape == h.shape
+    want = h + x
+    assert torch.equal(out.view(-1)[1:], want.view(-1)[1:])  # the same bits as torch's add
+    assert out[0, 0].isnan()
+
+
 def test_layer_ops_decline_what_they_do_not_take():
+    assert kb.residual_add(torch.randn(2, 8), torch.randn(2, 8).bfloat16()) is None  # mixed dtypes
+    assert kb.residual_add(torch.randn(8, 2).t(), torch.randn(2, 8)) is None  # not contiguous
+    assert kb.residual_add(torch.randn(2, 8).half(), torch.randn(2, 8).half()) is None
     h = torch.randn(2, 8, dtype=torch.float16)
     assert kb.rms_norm(h, torch.ones(8, dtype=torch.float16), 1e-6) is None
     assert kb.rms_norm(torch.randn(2, 8).bfloat16(), torch.ones(7), 1e-6) is None  # weight size

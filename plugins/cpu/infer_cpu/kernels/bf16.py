@@ -50,6 +50,7 @@ SIGNATURES = {
     "infer_bf16_rms_norm": [_P, _L, _I, _P, _L, _P, _P, _I, _P, _I, _I, _F],
     "infer_bf16_rope": [_P, _P, _L, _I, _P, _L, _I, _I, _I, _I, _P],
     "infer_bf16_silu_mul": [_P, _L, _P, _I, _I],
+    "infer_bf16_add": [_P, _P, _P, _L, _I],
     "infer_bf16_prefill_attention": [_P, _L, _P, _L, _P, _L, _P, _P, _P, _I, _P, _L, _P, _P, _I,
                                      _I, _I, _I, _I, _F, _P],
 }
@@ -281,6 +282,21 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor | None:
     t, i = x.shape[0], x.shape[1] // 2
     out = torch.empty(t, i, dtype=_BF)
     lib.infer_bf16_silu_mul(x.data_ptr(), x.stride(0), out.data_ptr(), t, i)
+    return out
+
+
+def residual_add(h: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
+    """``layer_ops.residual_add`` for contiguous CPU tensors of one shape, both bf16 or both
+    float32, on the kernels' work pool (no OpenMP region, whose closing barrier waits for a
+    thread another process keeps off its core); the same bits as torch's add."""
+    if (h.dtype not in _FLOATS or x.dtype != h.dtype or h.shape != x.shape or h.device.type != "cpu"
+            or x.device.type != "cpu" or not (h.is_contiguous() and x.is_contiguous())):
+        return None
+    lib = lib_for_call()
+    if lib is None:
+        return None
+    out = torch.empty_like(h)
+    lib.infer_bf16_add(h.data_ptr(), x.data_ptr(), out.data_ptr(), h.numel(), int(h.dtype == _BF))
     return out
 
 

@@ -523,6 +523,42 @@ void infer_bf16_silu_mul(const bf16 *x, int64_t x_stride, bf16 *out, int T, int 
   pool_run(silu_unit, &j, (T + 15) / 16, (int64_t)T * I >= 65536 ? g_threads : 1);
 }
 
+/* ---- the residual add of the per-op path: out = a + b, bf16 or float32 ---- */
+typedef struct {
+  const void *a, *b;
+  void *out;
+  int64_t n;
+  int is_bf16;
+} add_job;
+
+#define ADD_UNIT 16384 /* elements per unit */
+
+static void add_unit(void *p, int u, int w) {
+  const add_job *j = (const add_job *)p;
+  int64_t i = (int64_t)u * ADD_UNIT, e = i + ADD_UNIT < j->n ? i + ADD_UNIT : j->n;
+  (void)w;
+  if (j->is_bf16) { /* float32 sum rounded to bf16 (nearest even), as torch's bf16 add */
+    const bf16 *a = (const bf16 *)j->a, *b = (const bf16 *)j->b;
+    bf16 *o = (bf16 *)j->out;
+#if defined(__AVX512F__)
+    for (; i + 16 <= e; i += 16)
+      _mm256_storeu_si256((__m256i *)(o + i), bf16x16_pack(_mm512_add_ps(bf16x16_load(a + i), bf16x16_load(b + i))));
+#endif
+    for (; i < e; i++) o[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+  } else {
+    const float *a = (const float *)j->a, *b = (const float *)j->b;
+    float *o = (float *)j->out;
+    for (; i < e; i++) o[i] = a[i] + b[i];
+  }
+}
+
+/* out [n] = a [n] + b [n], all bf16 (is_bf16) or all float32, contiguous; on the work pool. */
+void infer_bf16_add(const void *a, const void *b, void *out, int64_t n, int is_bf16) {
+  add_job j = {a, b, out, n, is_bf16};
+  int units = (int)((n + ADD_UNIT - 1) / ADD_UNIT);
+  pool_run(add_unit, &j, units, units > 1 ? g_threads : 1);
+}
+
 /* ---- decode attention over a paged bf16 cache ---- */
 
 /* q . k for q float32 [D], k bf16 [D]. */
