@@ -172,14 +172,15 @@ def _assert_bf16_match(got: torch.Tensor, want: torch.Tensor) -> None:
                                              (torch.float32, torch.bfloat16),
                                              (torch.bfloat16, torch.float32)])
 @pytest.mark.parametrize("with_residual", [False, True])
-def test_rms_norm_mixed_dtypes(x_dtype, w_dtype, with_residual):
+@pytest.mark.parametrize("dim", [77, 576])  # 576: the 16-lane path of bf16 rows and weight
+def test_rms_norm_mixed_dtypes(x_dtype, w_dtype, with_residual, dim):
     g = _gen(3)
-    big = torch.randn(9, 100, generator=g) * 3
-    x = big[:, :77].to(x_dtype)  # strided rows for the bf16 case
+    big = torch.randn(9, dim + 23, generator=g) * 3
+    x = big[:, :dim].to(x_dtype)  # strided rows for the bf16 case
     if x_dtype == torch.float32:
-        x = big[:, :77].clone()
-    w = torch.randn(77, generator=g).to(w_dtype)
-    res = (torch.randn(9, 77, generator=g) * 2).to(x_dtype) if with_residual else None
+        x = big[:, :dim].clone()
+    w = torch.randn(dim, generator=g).to(w_dtype)
+    res = (torch.randn(9, dim, generator=g) * 2).to(x_dtype) if with_residual else None
     out, new_res = kb.rms_norm(x, w, 1e-5, res)
     want, want_res = rms_norm_ref(x, w, 1e-5, res)
     assert out.dtype == want.dtype and out.shape == want.shape

@@ -414,6 +414,30 @@ static void rms_norm_unit(void *p, int u, int worker) { /* 16 rows */
   float *s = (float *)malloc(sizeof(float) * (size_t)dim);
   (void)worker;
   for (int m = u * 16; m < j->rows && m < (u + 1) * 16; m++) {
+#if defined(__AVX512F__)
+    if (out_bf16 && dim % 16 == 0) { /* bf16 rows and weight: the same roundings, 16 lanes */
+      const bf16 *xr = (const bf16 *)x + (int64_t)m * x_stride;
+      const bf16 *rr = residual ? (const bf16 *)residual + (int64_t)m * r_stride : NULL;
+      bf16 *ro = residual ? (bf16 *)res_out + (int64_t)m * dim : NULL, *o = (bf16 *)out + (int64_t)m * dim;
+      __m512 acc = _mm512_setzero_ps();
+      for (int i = 0; i < dim; i += 16) {
+        __m512 v = bf16x16_load(xr + i);
+        if (rr) {
+          __m256i r16 = bf16x16_pack(_mm512_add_ps(v, bf16x16_load(rr + i)));
+          _mm256_storeu_si256((__m256i *)(ro + i), r16);
+          v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(r16), 16));
+        }
+        _mm512_storeu_ps(s + i, v);
+        acc = _mm512_fmadd_ps(v, v, acc);
+      }
+      __m512 r = _mm512_set1_ps(1.f / sqrtf(_mm512_reduce_add_ps(acc) / (float)dim + j->eps));
+      for (int i = 0; i < dim; i += 16) {
+        __m512 n = bf16x16_round(_mm512_mul_ps(_mm512_loadu_ps(s + i), r));
+        _mm256_storeu_si256((__m256i *)(o + i), bf16x16_pack(_mm512_mul_ps(bf16x16_load((const bf16 *)w + i), n)));
+      }
+      continue;
+    }
+#endif
     float ss = 0.f;
     for (int i = 0; i < dim; i++) {
       int64_t xi = (int64_t)m * x_stride + i, ri = (int64_t)m * r_stride + i;
