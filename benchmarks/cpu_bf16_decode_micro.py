@@ -1,0 +1,142 @@
+"""The bf16 decode stack alone (``infer_bf16_decode_layers``: every layer, final norm and LM head
+in one native call), this checkout's library against the one built from a git revision,
+alternating, in one run.
+
+    python benchmarks/cpu_bf16_decode_micro.py --rev 95f99ae [--batch 1 32] [--context 160]
+                                               [--threads 1 2] [--rounds 2]
+
+SmolLM2-135M's shapes (30 layers, hidden 576, 9 query / 3 KV heads of 64, MLP 1536, vocabulary
+49,152) with random bf16 weights and a random bf16 KV cache of ``--context`` tokens per sequence
+(+-8), pages of 16. Each (library, batch, threads) point is the best of 12 steps; rounds
+alternate the libraries. Prints step time and rows per second, and the load average. No model
+files and no engine: what changes between the libraries is the C code only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+KERNELS = "plugins/cpu/infer_cpu/kernels"
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS, VOCAB, PAGE = 576, 9, 3, 64, 1536, 30, 49152, 16
+
+
+def build_rev(rev: str, out_dir: Path) -> Path:
+    """The bf16 library of revision ``rev`` (its .c and headers), compiled as the plugin does."""
+    src = out_dir / rev
+    src.mkdir(parents=True, exist_ok=True)
+    names = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:{KERNELS}"], cwd=ROOT,
+                           check=True, capture_output=True, text=True).stdout.split()
+    for name in names:
+        if name.endswith((".c", ".h")):
+            data = subprocess.run(["git", "show", f"{rev}:{KERNELS}/{name}"], cwd=ROOT, check=True,
+                                  capture_output=True).stdout
+            (src / name).write_bytes(data)
+    lib = src / "libbf16.so"
+    subprocess.run(["cc", "-O3", "-march=native", "-shared", "-fPIC", "-o", str(lib),
+                    str(src / "infer_cpu_bf16.c"), "-lm", "-lpthread"], check=True)
+    return lib
+
+
+class Stack:
+    """Random SmolLM2-shaped weights and caches, and the step's metadata, for ``batch`` rows."""
+
+    def __init__(self, batch: int, context: int, seed: int = 0) -> None:
+        import torch
+        from infer.core.model.layers.rotary import rope_table
+        from infer_cpu.kernels import bf16 as kb
+
+        g = torch.Generator().manual_seed(seed)
+
+        def packed(n: int, k: int):
+            return kb.pack((torch.randn(n, k, generator=g) * k ** -0.5).bfloat16())
+
+        per = (context + 8 + PAGE - 1) // PAGE
+        shape = (batch * per + 1, PAGE, KV_HEADS, HEAD_DIM)
+        self.keep: list = []
+        self.table = (kb.Layer * LAYERS)()
+        for i in range(LAYERS):
+            norms = torch.ones(HIDDEN), torch.ones(HIDDEN)
+            ws = [packed((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN), packed(HIDDEN, HEADS * HEAD_DIM),
+                  packed(2 * INTER, HIDDEN), packed(HIDDEN, INTER)]
+            kc = torch.randn(shape, generator=g).bfloat16()
+            vc = torch.randn(shape, generator=g).bfloat16()
+            self.table[i] = kb.Layer(norms[0].data_ptr(), norms[1].data_ptr(),
+                                     *(w.data.data_ptr() for w in ws), None, kc.data_ptr(),
+                                     vc.data_ptr())
+            self.keep += [norms, ws, kc, vc]
+        rng = random.Random(seed)
+        self.bt = torch.arange(1, 1 + batch * per, dtype=torch.int32).view(batch, per)
+        self.lens = torch.tensor([context + rng.randrange(-8, 8) for _ in range(batch)],
+                                 dtype=torch.int32)
+        self.pos = (self.lens - 1).long()
+        self.slots = torch.tensor([int(self.bt[b, (n - 1) // PAGE]) * PAGE + (n - 1) % PAGE
+                                   for b, n in enumerate(self.lens.tolist())], dtype=torch.int64)
+        self.cos_sin = rope_table(HEAD_DIM, 4096, {"rope_theta": 10000.0})
+        self.lm = packed(VOCAB, HIDDEN)
+        self.final_norm = torch.ones(HIDDEN)
+        self.logits = torch.empty(batch, VOCAB)
+        self.h0 = torch.randn(batch, HIDDEN, generator=g)
+        self.batch = batch
+
+    def step(self, fn, threads: int) -> float:
+        h = self.h0.clone()
+        t = time.perf_counter()
+        fn(self.table, LAYERS, h.data_ptr(), self.batch, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER,
+           1e-5, self.pos.data_ptr(), self.cos_sin.data_ptr(), HEAD_DIM, self.slots.data_ptr(),
+           self.bt.data_ptr(), self.bt.stride(0), self.lens.data_ptr(), PAGE, HEAD_DIM ** -0.5,
+           threads, self.final_norm.data_ptr(), 1e-5, self.lm.data.data_ptr(), VOCAB,
+           self.logits.data_ptr())
+        return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rev", required=True, help="git revision of the baseline library")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--context", type=int, default=160)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=12)
+    args = ap.parse_args()
+
+    from infer_cpu.kernels import bf16 as kb
+
+    with tempfile.TemporaryDirectory() as tmp:
+        base = ctypes.CDLL(str(build_rev(args.rev, Path(tmp))))
+        libs = {args.rev: base.infer_bf16_decode_layers, "this tree": kb.load().infer_bf16_decode_layers}
+        for fn in libs.values():
+            fn.argtypes = kb.SIGNATURES["infer_bf16_decode_layers"]
+            fn.restype = None
+        best: dict[tuple, float] = {}
+        print(f"load average before: {os.getloadavg()[0]:.2f}")
+        for batch in args.batch:
+            stack = Stack(batch, args.context)
+            for _ in range(args.rounds):
+                for name, fn in libs.items():
+                    for threads in args.threads:
+                        t = min(stack.step(fn, threads) for _ in range(args.steps))
+                        key = (batch, threads, name)
+                        best[key] = min(best.get(key, t), t)
+        print(f"load average after: {os.getloadavg()[0]:.2f}")
+        print("| batch | threads | " + " | ".join(f"{n} (ms / tok/s)" for n in libs) + " | ratio |")
+        print("| --- | --- | " + " | ".join("---" for _ in libs) + " | --- |")
+        for batch in args.batch:
+            for threads in args.threads:
+                ts = [best[(batch, threads, n)] for n in libs]
+                cells = " | ".join(f"{t * 1e3:.1f} / {batch / t:.0f}" for t in ts)
+                print(f"| {batch} | {threads} | {cells} | {ts[0] / ts[1]:.2f}x |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
