@@ -30,7 +30,7 @@ import torch.nn.functional as F  # noqa: E402
 from infer.core.model.loader.default_model import ensure_default_model  # noqa: E402
 from infer_cpu import kernels  # noqa: E402
 from infer_cpu.native_build import FLAG_SETS, SOURCE, compiler  # noqa: E402
-from infer_cpu.quant.packing import KIND_I8, Q, QWeight, gguf_qweight, quantize_q8_blocks  # noqa: E402
+from infer_cpu.quant.packing import KIND_I8, KIND_I16, Q, QWeight, gguf_qweight, quantize_q8_blocks  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 FUSED = {"qkv": ["attn_q", "attn_k", "attn_v"], "o": ["attn_output"],
@@ -101,14 +101,16 @@ def qgemm_call(lib: ctypes.CDLL, x: torch.Tensor, w: QWeight, y: torch.Tensor):
 
 
 def fgemm_call(lib: ctypes.CDLL, x: torch.Tensor, w: QWeight, y: torch.Tensor, flag: int = 0):
-    """``infer_fgemm`` (the serving GEMM); ``flag`` = ``KIND_I8``: its int8-activation path."""
+    """``infer_fgemm`` (the serving GEMM); ``flag`` = ``KIND_I8`` / ``KIND_I16``: its int8 / int16
+    activation paths."""
     args = (w.kind | flag, x.data_ptr(), x.stride(0), x.shape[0], w.in_features,
             w.blocks.data_ptr(), None, w.out_features, y.data_ptr(), w.out_features)
     return lambda: lib.infer_fgemm(*args)
 
 
 KERNELS = {"qgemm": qgemm_call, "fgemm": fgemm_call,
-           "fgemm-i8": lambda lib, x, w, y: fgemm_call(lib, x, w, y, KIND_I8)}
+           "fgemm-i8": lambda lib, x, w, y: fgemm_call(lib, x, w, y, KIND_I8),
+           "fgemm-i16": lambda lib, x, w, y: fgemm_call(lib, x, w, y, KIND_I16)}
 
 
 def loadavg() -> str:
@@ -144,9 +146,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds; best is kept")
     ap.add_argument("--budget", type=float, default=0.3, help="seconds per timing")
     ap.add_argument("--no-torch", action="store_true", help="skip the float32 matmul peer")
-    ap.add_argument("--kernel", choices=list(KERNELS), default="qgemm",
-                    help="qgemm (int8 activations, unused by serving), fgemm (float32 activations, "
-                         "the default path) or fgemm-i8 (fgemm's batch-invariant int8 activations)")
+    ap.add_argument("--kernel", choices=list(KERNELS), nargs="+", default=["qgemm"],
+                    help="qgemm (int8 activations, unused by serving), fgemm (float32 activations), "
+                         "fgemm-i8 / fgemm-i16 (fgemm's batch-invariant int8 / int16 activations); "
+                         "several: each timed in the same rounds, the first is the ratios' base")
     ap.add_argument("--lm-head", action="store_true",
                     help="also the Q8_0 LM head (the embedding quantized as the model serves it)")
     args = ap.parse_args()
@@ -158,15 +161,18 @@ def main() -> None:
         if args.lm_head:
             weights["lm_head"] = lm_head_q8(ensure_default_model())
             dense["lm_head"] = weights["lm_head"].dequantize()
-        print(f"{args.kernel}: threads {threads}, load {loadavg()}; best of {args.rounds} rounds; "
-              f"GMAC/s = M*N*K/t")
+        print(f"{' '.join(args.kernel)}: threads {threads}, load {loadavg()}; best of {args.rounds} "
+              f"rounds; GMAC/s = M*N*K/t")
+        base = "tree" if len(args.kernel) == 1 else f"tree {args.kernel[0]}"
         for name, w in weights.items():
             n, k = w.out_features, w.in_features
             for m in args.rows:
                 x = torch.randn(m, k)
                 y = torch.empty(m, n)
-                fns = {label: KERNELS[args.kernel](lib, x, w, y) for label, lib in libs.items()
-                       if label == "tree" or args.kernel == "qgemm" or hasattr(lib, "infer_fgemm")}
+                fns = {(label if len(args.kernel) == 1 else f"{label} {kernel}"):
+                       KERNELS[kernel](lib, x, w, y) for kernel in args.kernel
+                       for label, lib in libs.items()
+                       if label == "tree" or kernel == "qgemm" or hasattr(lib, "infer_fgemm")}
                 if not args.no_torch:
                     fns["torch f32"] = lambda x=x, wd=dense[name]: F.linear(x, wd)
                 best = dict.fromkeys(fns, float("inf"))
@@ -175,8 +181,8 @@ def main() -> None:
                         best[label] = min(best[label], best_time(fn, args.budget))
                 cells = [f"{label} {best[label] * 1e6:8.1f} us {m * n * k / best[label] / 1e9:6.1f}"
                          for label in fns]
-                ratios = [f"tree {best[label] / best['tree']:.2f}x {label}" for label in fns
-                          if label != "tree"]
+                ratios = [f"{base} {best[label] / best[base]:.2f}x {label}" for label in fns
+                          if label != base]
                 print(f"{name:7s} N={n:4d} K={k:4d} M={m:3d} | " + " | ".join(cells)
                       + (" | " + ", ".join(ratios) if ratios else ""))
         print(f"load {loadavg()}")

@@ -1,4 +1,4 @@
-"""Batch invariance of the block GEMM (``kernels.fgemm``, float32 and int8 activations) and of
+"""Batch invariance of the block GEMM (``kernels.fgemm``, float32, int16 and int8 activations) and of
 the decode attention kernel used for every query row: a row's result is the same bits whatever
 the other rows of the call, their number, the thread count, and (attention) whether the row came
 as a prefill, an extend after cached keys or a decode step."""
@@ -20,12 +20,11 @@ def _qweight(n: int, k: int, qtype: Q, seed: int):
     return gguf_qweight(torch.from_numpy(gguf.quants.quantize(w.numpy(), qtype)), qtype, n)
 
 
-@pytest.mark.parametrize("int8", [False, True], ids=["f32", "int8"])
+@pytest.mark.parametrize("precision", ["float32", "int16", "int8"])
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0])
-def test_fgemm_rows_do_not_depend_on_the_batch(qtype, int8, with_threads):
-    """float32 activations (the default) and int8 activations (the opt-in) alike."""
-    qw = _qweight(75, 576, qtype, seed=3)
-    qw = qw.with_int8_activations() if int8 else qw
+def test_fgemm_rows_do_not_depend_on_the_batch(qtype, precision, with_threads):
+    """Every activation precision alike (``INFER_CPU_ACTIVATIONS``)."""
+    qw = _qweight(75, 576, qtype, seed=3).with_activations(precision)
     bias = torch.randn(75)
     x = torch.randn(131, 576) * torch.rand(131, 1) * 3  # 131: past two 64-row blocks, odd tail
     alone = torch.cat([kernels.fgemm(x[i:i + 1], qw, bias) for i in range(x.shape[0])])

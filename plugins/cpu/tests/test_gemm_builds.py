@@ -1,10 +1,11 @@
-"""The native block GEMM (``kernels.fgemm``) in both activation precisions -- float32 (the
-default) and int8 (``QWeight.with_int8_activations``, ``INFER_CPU_ACTIVATIONS=int8``) -- against
-float64 references on the exact dequantised weights, in every build this CPU can run: the
-machine's own (``-march=native``: AVX-512 and VNNI here), AVX2 only, AVX-512 without VNNI, and
-portable C. Both paths are written so that every build gives the same bits (one chain per output
-in a fixed order, exact integer block dot products), which the tests check too: a tile, a tail or
-an instruction set that summed differently would show up as a difference.
+"""The native block GEMM (``kernels.fgemm``) in its three activation precisions -- float32, int16
+and int8 (``QWeight.with_activations``, ``INFER_CPU_ACTIVATIONS``) -- against float64 references
+on the exact dequantised weights, in every build this CPU can run: the machine's own
+(``-march=native``: AVX-512 and VNNI here), AVX2 only, AVX-512 without VNNI, and portable C. Every
+path is written so that every build gives the same bits (one chain per output in a fixed order,
+exact integer block dot products), which the tests check too: a tile, a tail or an instruction
+set that summed differently would show up as a difference. The integer paths are also compared
+bit for bit with an independent torch emulation of their arithmetic (``_integer_reference``).
 
 Shapes cover the tiles' remainders: weight rows N around the 16-row int8 tiles and 4-row float
 chunks, activation rows M around the 8- and 6-row register tiles, the 64-row float blocks and the
@@ -102,23 +103,80 @@ def _activations(m: int, k: int, seed: int) -> torch.Tensor:
     return x
 
 
-def _int8_rows(x: torch.Tensor) -> torch.Tensor:
-    """The activations the int8 path multiplies, dequantised: per row and 32-block d = amax / 127,
-    codes round(x * (1 / d)) half to even, in float32 as the C code computes them."""
+QMAX = {"int8": 127, "int16": 32767}
+
+
+def _codes(x: torch.Tensor, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The integer path's activations: per row and 32-block d = amax / qmax and codes
+    round(x * (1 / d)) half to even, in float32 as the C code computes them: (codes [m, nb, 32]
+    int64, d [m, nb] float32)."""
     m, k = x.shape
     xb = x.reshape(m, k // 32, 32)
-    d = xb.abs().amax(-1, keepdim=True) / 127
+    d = xb.abs().amax(-1) / QMAX[precision]
     inv = torch.where(d != 0, 1 / d, torch.zeros_like(d))
-    return (torch.round(xb * inv) * d).reshape(m, k)
+    return torch.round(xb * inv[..., None]).long(), d
+
+
+def _dequantised_rows(x: torch.Tensor, precision: str) -> torch.Tensor:
+    """The activations the path multiplies, as floats."""
+    if precision == "float32":
+        return x
+    q, d = _codes(x, precision)
+    return (q.float() * d[..., None]).reshape(x.shape)
+
+
+def _fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """float32 fma(a, b, c): the product of two float32 is exact in float64, and the float64 sum
+    rounded to float32 is the fma's single rounding unless the float64 rounding lands on a float32
+    tie (about one case in 2^28 per operation)."""
+    return (a.double() * b.double() + c.double()).float()
+
+
+def _block_parts(w: QWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Weight scales dw [n, nb], minimums mw [n, nb] (zero for Q8_0) and codes [n, nb, 32]."""
+    n, nb = w.out_features, w.in_features // 32
+    b = w.blocks.reshape(n, nb, -1)
+    dw = b[..., 0:2].contiguous().view(torch.float16).squeeze(-1).float()
+    if w.block_kind == 4:
+        mw = b[..., 2:4].contiguous().view(torch.float16).squeeze(-1).float()
+        return dw, mw, torch.cat([b[..., 4:] & 0x0F, b[..., 4:] >> 4], dim=-1).long()
+    return dw, torch.zeros_like(dw), b[..., 2:].contiguous().view(torch.int8).long()
+
+
+def _integer_reference(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """An independent torch emulation of the integer-activation GEMM's arithmetic: the codes, the
+    exact integer block dots (int64 here), then per output one float32 chain over the blocks,
+    acc = fma(float(dot_b), dw_b * dx_b, acc) and, Q4_1, acc = fma(mw_b, sx_b, acc) with
+    sx_b = dx_b * float(sum(qx_b)); then + bias. The kernels must match it bit for bit."""
+    q, dx = _codes(x, w.activations)  # [m, nb, 32], [m, nb]
+    nb = w.in_features // 32
+    dw, mw, codes = _block_parts(w)
+    dots = torch.einsum("mbj,nbj->mnb", q, codes)  # exact int64
+    assert dots.abs().max() < 2**31
+    sx = dx * q.sum(-1).float()  # [m, nb]
+    acc = torch.zeros(x.shape[0], w.out_features)
+    for i in range(nb):
+        acc = _fma32(dots[..., i].float(), dw[None, :, i] * dx[:, None, i], acc)
+        if w.block_kind == 4:
+            acc = _fma32(mw[None, :, i].expand_as(acc), sx[:, None, i].expand_as(acc), acc)
+    return acc + bias if bias is not None else acc
 
 
 def _check(y: torch.Tensor, x: torch.Tensor, w: QWeight, bias: torch.Tensor | None) -> None:
     """Every element within float rounding of the float64 product of the activations the path
-    multiplies and the exact dequantised weights."""
-    xa = _int8_rows(x) if w.int8_activations else x
+    multiplies and the exact dequantised weights; the integer paths also bit for bit equal to
+    ``_integer_reference``."""
+    if w.activations != "float32":
+        assert torch.equal(y, _integer_reference(x, w, bias))
+    xa = _dequantised_rows(x, w.activations)
     wd = w.dequantize().double()
     want = xa.double() @ wd.t()
     scale = xa.double().abs() @ wd.abs().t()
+    if w.activations != "float32" and w.block_kind == 4:
+        # the integer paths sum d q x and m x apart: their terms, not w x, set the rounding
+        dw, mw, codes = _block_parts(w)
+        wa = (dw[..., None] * codes).abs() + mw.abs()[..., None]
+        scale = xa.double().abs() @ wa.reshape(wd.shape).double().t()
     if bias is not None:
         want, scale = want + bias.double(), scale + bias.double().abs()
     err = ((y.double() - want).abs() / scale.clamp(min=1e-30)).max().item()
@@ -131,12 +189,14 @@ CASES = [  # (N, K, M)
 ]
 
 
-@pytest.mark.parametrize("int8", [False, True], ids=["f32", "int8"])
+PRECISIONS = ["float32", "int16", "int8"]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0, "lm"])
 @pytest.mark.parametrize("n,k,m", CASES)
-def test_native_build_against_reference(int8, qtype, n, k, m, with_threads):
-    w = _weights(n, k, qtype, seed=7 * n + k + m)
-    w = w.with_int8_activations() if int8 else w
+def test_native_build_against_reference(precision, qtype, n, k, m, with_threads):
+    w = _weights(n, k, qtype, seed=7 * n + k + m).with_activations(precision)
     x = _activations(m, k, seed=n + m)
     bias = torch.randn(n) if n % 2 else None
     for threads in (1, 2):  # through the wrapper, and into a NaN-filled output (a skipped element)
@@ -146,15 +206,14 @@ def test_native_build_against_reference(int8, qtype, n, k, m, with_threads):
 
 
 @pytest.mark.parametrize("build", list(BUILDS))
-@pytest.mark.parametrize("int8", [False, True], ids=["f32", "int8"])
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0])
-def test_every_build_gives_the_same_bits(builds, build, int8, qtype, with_threads):
+def test_every_build_gives_the_same_bits(builds, build, precision, qtype, with_threads):
     """Each build against the reference, and bit for bit equal to the machine's own build."""
     if build not in builds:
         pytest.skip(f"this CPU does not run the {build} build")
     for n, k, m in CASES[:-1]:
-        w = _weights(n, k, qtype, seed=n * k + m)
-        w = w.with_int8_activations() if int8 else w
+        w = _weights(n, k, qtype, seed=n * k + m).with_activations(precision)
         x = _activations(m, k, seed=m)
         bias = torch.randn(n)
         y = _call(builds[build], x, w, bias)
@@ -162,9 +221,10 @@ def test_every_build_gives_the_same_bits(builds, build, int8, qtype, with_thread
         assert torch.equal(y, with_threads(1, lambda x=x, w=w, b=bias: kernels.fgemm(x, w, b))), (n, k, m)
 
 
-def test_int8_blocks_of_more_than_256_rows(with_threads):
-    """Past the int8 path's 256-row activation blocks (a prefill), both threads."""
-    w = _weights(40, 96, Q.Q4_1, seed=3).with_int8_activations()
+@pytest.mark.parametrize("precision", ["int16", "int8"])
+def test_integer_blocks_of_more_than_256_rows(precision, with_threads):
+    """Past the integer paths' 256-row activation blocks (a prefill), both threads."""
+    w = _weights(40, 96, Q.Q4_1, seed=3).with_activations(precision)
     x = _activations(300, 96, seed=4)
     alone = torch.cat([kernels.fgemm(x[i:i + 1], w) for i in range(x.shape[0])])
     for threads in (1, 2):
@@ -173,9 +233,26 @@ def test_int8_blocks_of_more_than_256_rows(with_threads):
         assert torch.equal(y, alone)
 
 
-def test_int8_flag_keeps_the_blocks():
+def test_activation_flags_keep_the_blocks():
     w = _weights(8, 64, Q.Q4_1, seed=1)
-    w8 = w.with_int8_activations()
-    assert w8.blocks is w.blocks and w8.int8_activations and not w.int8_activations
-    assert w8.block_kind == w.kind == 4
-    torch.testing.assert_close(w8.dequantize(), w.dequantize(), rtol=0, atol=0)
+    assert w.activations == "float32"
+    for precision in ("int8", "int16"):
+        wi = w.with_activations(precision)
+        assert wi.blocks is wi.blocks and wi.activations == precision and wi.block_kind == w.kind == 4
+        assert wi.with_activations("float32").kind == w.kind
+        torch.testing.assert_close(wi.dequantize(), w.dequantize(), rtol=0, atol=0)
+    assert w.with_int8_activations().int8_activations and not w.int8_activations
+    with pytest.raises(ValueError, match="int4"):
+        w.with_activations("int4")
+
+
+def test_int16_codes_are_finer_than_int8():
+    """The int16 path multiplies (to float rounding) the activations themselves: relative error
+    about 2^-16 of each block's largest value, where int8 has 2^-8 (a sanity check that int16 is
+    not int8 relabelled)."""
+    x = _activations(9, 576, seed=11)
+    w = _weights(24, 576, Q.Q4_1, seed=12)
+    want = x.double() @ w.dequantize().double().t()
+    err = {p: ((kernels.fgemm(x, w.with_activations(p)).double() - want).norm() / want.norm()).item()
+           for p in ("int8", "int16")}
+    assert err["int16"] < 1e-4 < err["int8"] < 3e-2 and err["int16"] < err["int8"] / 100, err

@@ -62,28 +62,30 @@ def test_explicit_quantization_gguf(tmp_path):
         load_model(str(tmp_path), quantization="gguf", progress=False, skip_tokenizer_init=True)
 
 
-def test_int8_activations_opt_in(monkeypatch):
-    """INFER_CPU_ACTIVATIONS=int8: every native GEMM of the default model (the 120 linear layers
-    and the LM head) runs int8 activations on the same blocks; unset, none does; a value that is
-    neither float32 nor int8 stops the load."""
+def test_activation_precision_setting(monkeypatch):
+    """INFER_CPU_ACTIVATIONS=int8 / int16 / float32: every native GEMM of the default model (the
+    120 linear layers and the LM head) runs that activation precision on the same blocks; unset,
+    the default precision; a value that is none of them stops the load."""
     from infer.core.model.loader import load_model
     from infer.core.model.loader.default_model import ensure_default_model
     from infer_cpu import kernels
+    from infer_cpu.quant.methods import DEFAULT_ACTIVATIONS
 
     if kernels.load() is None:
         pytest.skip(f"native kernels unavailable: {kernels.status().detail}")
     path = str(ensure_default_model(quiet=True))
 
-    def flags() -> collections.Counter:
+    def precisions() -> collections.Counter:
         loaded = load_model(path, progress=False, skip_tokenizer_init=True)
         mods = [m for m in loaded.model.modules() if getattr(m, "quant_kind", None) == "native"]
-        return collections.Counter([m.qweight.int8_activations for m in mods]
-                                   + [loaded.model.lm_head.qweight.int8_activations])
+        return collections.Counter([m.qweight.activations for m in mods]
+                                   + [loaded.model.lm_head.qweight.activations])
 
-    monkeypatch.setenv("INFER_CPU_ACTIVATIONS", "int8")
-    assert flags() == {True: 121}
+    for value in ("int8", "int16", "float32"):
+        monkeypatch.setenv("INFER_CPU_ACTIVATIONS", value)
+        assert precisions() == {value: 121}
     monkeypatch.delenv("INFER_CPU_ACTIVATIONS")
-    assert flags() == {False: 121}
+    assert precisions() == {DEFAULT_ACTIVATIONS: 121}
     monkeypatch.setenv("INFER_CPU_ACTIVATIONS", "int4")
     with pytest.raises(ValueError, match="INFER_CPU_ACTIVATIONS='int4'"):
         load_model(path, progress=False, skip_tokenizer_init=True)

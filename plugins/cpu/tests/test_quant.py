@@ -128,9 +128,12 @@ def test_quantize_int4_roundtrip_error_bounded():
     assert ((codes.dequantize() - w).abs() <= step / 2 + 1e-6).all()
 
 
-def test_gguf_method_lm_head_quantized(kernel_mode):
-    """Native: Q8 blocks of 32 against float32 activations; torch: per-row int8."""
+def test_gguf_method_lm_head_quantized(kernel_mode, monkeypatch):
+    """Native: Q8 blocks of 32 against float32 activations (INFER_CPU_ACTIVATIONS=float32; the
+    default int16 activations are tested in test_gemm_builds.py); torch: per-row int8."""
     from infer.core.model.layers.embedding import LMHead
+
+    monkeypatch.setenv("INFER_CPU_ACTIVATIONS", "float32")
 
     class _Ctx:
         dtype, device = torch.float32, torch.device("cpu")
@@ -151,12 +154,13 @@ def test_gguf_method_lm_head_quantized(kernel_mode):
     assert (y.argmax(-1) == ref.argmax(-1)).float().mean() >= 2 / 3
 
 
-def test_gguf_method_float32_activations_for_every_row_count(kernel_mode):
-    """Native: float32 activations against the exactly dequantised blocks at every row count
-    (no int8 activations, no switch to another kernel for large batches), each row the same
+def test_gguf_method_float32_activations_for_every_row_count(kernel_mode, monkeypatch):
+    """Native, INFER_CPU_ACTIVATIONS=float32: float32 activations against the exactly dequantised
+    blocks at every row count (no switch to another kernel for large batches), each row the same
     bits alone or in a batch; the dense copy is dropped."""
     if kernel_mode != "native":
         pytest.skip("the native kernels' path")
+    monkeypatch.setenv("INFER_CPU_ACTIVATIONS", "float32")
     layer = _Layer(_weights(32, 64), Q.Q4_1, bias=True)
     layer.weight.data = layer.reference.clone()  # a float32 model's layer
     layer.bias.data = layer.bias.data.float()

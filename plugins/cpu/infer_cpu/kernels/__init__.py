@@ -149,11 +149,11 @@ def qgemm(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None,
 
 
 def fgemm(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None) -> torch.Tensor | None:
-    """x [M, K] float32 -> [M, N] with float32 activations and the blocks dequantized exactly, or
-    (``w.int8_activations``) the activations quantized per row and 32-block to int8 and exact
-    integer block dot products; None if the kernels are off or the input does not fit. Batch
-    invariant either way: row m of the result is bit for bit the same whatever the other rows
-    (``infer_cpu_kernels.c`` says how)."""
+    """x [M, K] float32 -> [M, N] in ``w.activations`` precision: float32 activations against the
+    blocks dequantized exactly, or the activations quantized per row and 32-block to int16 or
+    int8 codes and exact integer block dot products; None if the kernels are off or the input does
+    not fit. Batch invariant in every precision: row m of the result is bit for bit the same
+    whatever the other rows (``infer_cpu_kernels.c`` says how)."""
     lib = _lib()
     if lib is None or not _f32_rows(x) or x.shape[1] != w.in_features:
         return None

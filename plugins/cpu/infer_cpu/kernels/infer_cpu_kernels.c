@@ -13,7 +13,9 @@
  *   - q8 weights (GGUF Q8_0 blocks, read in place): a float16 scale d, codes int8 (w = d * q).
  *   infer_fgemm (what the plugin serves with): float32 activations against the blocks dequantized
  *   exactly, batch invariant (each output one FMA chain in a fixed order, whatever the number of
- *   rows). infer_qgemm (kept for measurements, unused by serving): the activations quantized per
+ *   rows); with kind | KIND_I16 or kind | KIND_I8 the activations quantized per row and 32-block
+ *   to int16 or int8 codes, exact integer block dots and one float chain per output over the
+ *   blocks, as batch invariant (the integer-activation GEMM below). infer_qgemm (kept for measurements, unused by serving): the activations quantized per
  *   32-block to int8 with one scale (as llama.cpp's Q8 dot products do), each block an integer
  *   dot product; faster, further from the float32 reference (benchmarks/cpu_notes.md).
  */
@@ -45,9 +47,13 @@ int infer_kernels_isa(void) {
 #endif
 }
 
-/* x [K] -> int8 codes q [K], per block scale d [K/32] and d * sum(q) in s [K/32]. The AVX2
- * path computes exactly what the scalar loop does (the same max, products and rounding). */
-static void quantize_row_q8(const float *x, int K, int8_t *q, float *d, float *s) {
+/* x [K] -> per 32-block codes q = round(x / d) with d = amax / qmax: int8 codes (qmax 127) into
+ * q8, or (wide) int16 codes (qmax 32767) into q16; the scales d [K/32], d * sum(q) in s [K/32]
+ * and, when isum is not NULL, sum(q) [K/32]. The AVX2 path computes exactly what the scalar loop
+ * does (the same max, products and rounding), so every build gets the same codes. */
+static inline __attribute__((always_inline)) void quantize_row_blocks(
+    const float *x, int K, int wide, int8_t *q8, int16_t *q16, float *d, float *s, int32_t *isum) {
+  const float qmax = wide ? 32767.f : 127.f;
   for (int b = 0; b < K / QK; b++) {
     const float *xb = x + (int64_t)b * QK;
 #ifdef __AVX2__
@@ -60,7 +66,7 @@ static void quantize_row_q8(const float *x, int K, int8_t *q, float *d, float *s
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    float dd = _mm_cvtss_f32(m4) / 127.f;
+    float dd = _mm_cvtss_f32(m4) / qmax;
     __m256 id = _mm256_set1_ps(dd != 0.f ? 1.f / dd : 0.f);
     __m256i iv[4], sum = _mm256_setzero_si256();
     for (int j = 0; j < 4; j++) {
@@ -68,33 +74,46 @@ static void quantize_row_q8(const float *x, int K, int8_t *q, float *d, float *s
                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
       sum = _mm256_add_epi32(sum, iv[j]);
     }
-    /* int32 x 32 -> int8 x 32 in order (the packs interleave 128-bit lanes; the permute undoes it) */
-    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
-    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256((__m256i *)(q + (int64_t)b * QK), p);
+    if (wide) { /* int32 x 8 pairs -> int16 x 16 in order (packs interleaves the 128-bit lanes) */
+      __m256i *o = (__m256i *)(q16 + (int64_t)b * QK);
+      _mm256_storeu_si256(o, _mm256_permute4x64_epi64(_mm256_packs_epi32(iv[0], iv[1]), 0xD8));
+      _mm256_storeu_si256(o + 1, _mm256_permute4x64_epi64(_mm256_packs_epi32(iv[2], iv[3]), 0xD8));
+    } else { /* int32 x 32 -> int8 x 32 in order (the permute undoes the packs' interleaving) */
+      __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
+      p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_storeu_si256((__m256i *)(q8 + (int64_t)b * QK), p);
+    }
     __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-    d[b] = dd;
-    s[b] = dd * (float)_mm_cvtsi128_si32(s4);
+    int total = _mm_cvtsi128_si32(s4);
 #else
     float amax = 0.f;
     for (int j = 0; j < QK; j++) {
       float a = fabsf(xb[j]);
       amax = a > amax ? a : amax;
     }
-    float dd = amax / 127.f;
+    float dd = amax / qmax;
     float id = dd != 0.f ? 1.f / dd : 0.f;
-    int sum = 0;
+    int total = 0;
     for (int j = 0; j < QK; j++) {
       int v = (int)nearbyintf(xb[j] * id);
-      q[b * QK + j] = (int8_t)v;
-      sum += v;
+      if (wide)
+        q16[b * QK + j] = (int16_t)v;
+      else
+        q8[b * QK + j] = (int8_t)v;
+      total += v;
     }
-    d[b] = dd;
-    s[b] = dd * (float)sum;
 #endif
+    d[b] = dd;
+    s[b] = dd * (float)total;
+    if (isum) isum[b] = total;
   }
+}
+
+/* x [K] -> int8 codes q [K], per block scale d [K/32] and d * sum(q) in s [K/32]. */
+static void quantize_row_q8(const float *x, int K, int8_t *q, float *d, float *s) {
+  quantize_row_blocks(x, K, 0, q, NULL, d, s, NULL);
 }
 
 /* GGUF blocks of 32 weights, read in place: q4 (Q4_1's layout; Q4_0 is converted to it at
@@ -441,7 +460,9 @@ void infer_qgemm(int kind, const float *x, int64_t x_stride, int M, int K, int s
  * by every activation row of an FMB-row block, in register tiles of FNR weight rows x FMR
  * activation rows; one activation row dequantizes in registers instead (row_dots). */
 #define FR 4
-#define KIND_I8 0x100 /* kind flag: int8 activations (see the int8-activation GEMM below) */
+#define KIND_I8 0x100  /* kind flag: int8 activations (see the integer-activation GEMM below) */
+#define KIND_I16 0x200 /* kind flag: int16 activations (the same GEMM, int16 codes) */
+#define KIND_INT (KIND_I8 | KIND_I16)
 #define FMB 64
 
 #if defined(__AVX512F__)
@@ -638,15 +659,16 @@ static void f32_chunk(const float *wf, int nr, int K, const float *x, int64_t x_
 #endif
 }
 
-static void i8_rows(int kind, const float *x, int64_t x_stride, int M, int K, const void *w,
-                    const float *bias, int n0, int n1, float *y, int64_t y_stride);
+static void i8_rows(int kind, int wide, const float *x, int64_t x_stride, int M, int K,
+                    const void *w, const float *bias, int n0, int n1, float *y, int64_t y_stride);
 
 /* Output columns [n0, n1) of y = x . W^T (+ bias) for all M rows: one thread's share. wf: FR * K
- * floats of scratch, 32-byte aligned. kind | KIND_I8: the int8-activation path (i8_rows). */
+ * floats of scratch, 32-byte aligned. kind | KIND_I8 / KIND_I16: the integer-activation path
+ * (i8_rows). */
 static void fgemm_rows(int kind, const float *x, int64_t x_stride, int M, int K, const void *w,
                        const float *bias, int n0, int n1, float *y, int64_t y_stride, float *wf) {
-  if (kind & KIND_I8) {
-    i8_rows(kind & ~KIND_I8, x, x_stride, M, K, w, bias, n0, n1, y, y_stride);
+  if (kind & KIND_INT) {
+    i8_rows(kind & ~KIND_INT, (kind & KIND_I16) != 0, x, x_stride, M, K, w, bias, n0, n1, y, y_stride);
     return;
   }
 #ifdef __AVX2__
@@ -673,25 +695,33 @@ static void fgemm_rows(int kind, const float *x, int64_t x_stride, int M, int K,
   }
 }
 
-/* ---- Int8-activation GEMM on GGUF blocks (batch invariant; opt-in per model) ---------------
- * kind | KIND_I8 in fgemm_rows / infer_fgemm. Each activation row is quantized on its own per
- * 32-block as quantize_row_q8 does (dx = amax / 127, codes qx = round(x / dx), sx = dx sum(qx)),
- * each block's dot product with the weight codes is an exact int32 (dot_b), and each output is
- * ONE float chain over the blocks in order:
+/* ---- Integer-activation GEMM on GGUF blocks (batch invariant; int8 or int16 codes) ----------
+ * kind | KIND_I8 or kind | KIND_I16 in fgemm_rows / infer_fgemm. Each activation row is quantized
+ * on its own per 32-block as quantize_row_blocks does (dx = amax / qmax, codes qx = round(x / dx),
+ * sx = dx sum(qx); qmax = 127 for int8 codes, llama.cpp's Q8, or 32767 for int16 codes), each
+ * block's dot product with the weight codes is an exact int32 (dot_b: |dot_b| <= 32 * 128 * 32767
+ * < 2^31, so no partial sum overflows in any order), and each output is ONE float chain over the
+ * blocks in order:
  *     acc = fma((float)dot_b, dw_b * dx_b, acc);  q4 only: acc = fma(mw_b, sx_b, acc)
  *     y[m, n] = acc (+ bias[n])
  * The integer dot does not depend on how it is computed, and the float steps are the same scalar
- * operations in every path (AVX-512 VNNI tiles, AVX2 tiles, one row, portable C, any thread or
- * tile position), so a row's result is the same bits whatever the batch, and the same in every
- * build. Tiles: TW weight rows are repacked once per call into a buffer whose vectors hold one
- * 4-byte (VNNI, vpdpbusd u8 x s8) or 2-element (AVX2, vpmaddwd int16) group of TW rows, and run
- * against up to IMR activation rows broadcast 4 bytes at a time; one activation row reads the
- * blocks in place instead. VNNI needs unsigned weights: q8 codes are stored as q + 128 and
- * 128 sum(qx) is subtracted from the integer dot (exact). */
+ * operations in every path (AVX-512 VNNI tiles, AVX2 tiles, the one-row path, portable C, any
+ * thread or tile position), so a row's result is the same bits whatever the batch, and the same
+ * in every build.
+ * Tiles (two or more rows): TW weight rows are repacked once per call into a buffer whose vectors
+ * hold one group of codes of the TW rows side by side, run against up to IMR activation rows
+ * broadcast a group at a time. A group is 4 bytes for int8 on VNNI ("quads": vpdpbusd, u8 x s8;
+ * q8 codes are stored as q + 128 and 128 sum(qx) is subtracted from the integer dot, exact) and
+ * 2 int16 otherwise ("pairs": vpdpwssd for int16 on VNNI, vpmaddwd on AVX2 for either precision,
+ * int8 codes widened to int16 first; signed q8 codes as they are).
+ * One activation row reads the blocks in place (int_row8): per block, 8 weight rows' dots against
+ * the row's int16 codes (int8 codes widened), one accumulator per weight row, reduced together,
+ * then the 8 rows' float steps side by side in one vector (lane r is row r's chain). */
 #define IMB 256 /* activation rows per block: their codes stay in L2 across the weight tiles */
 
 typedef struct {
-  const int8_t *q; /* [M, K] codes */
+  const int8_t *q;    /* [M, K] int8 codes, or NULL */
+  const int16_t *q16; /* [M, K] int16 codes (int16 activations), or NULL */
   const float *d, *s; /* [M, nb] scales dx and dx * sum(qx) */
   const int32_t *sum; /* [M, nb] sum(qx) */
   int K, nb;
@@ -703,8 +733,8 @@ typedef struct {
   size_t cap;
 } scratch;
 static __thread scratch tl_act, tl_w;
-#if defined(__AVX2__) && !(defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__))
-static __thread scratch tl_x16; /* the AVX2 tiles' int16 activations */
+#ifdef __AVX2__
+static __thread scratch tl_x16; /* int8 codes widened to int16 (the pair tiles, one-row path) */
 #endif
 
 static void *scratch_get(scratch *s, size_t n) {
@@ -716,47 +746,60 @@ static void *scratch_get(scratch *s, size_t n) {
   return s->p;
 }
 
-/* The layout of M rows' quantized activations in buf: M * K codes, then d, s and sum (M * nb
- * each). */
-static i8_act i8_layout(int M, int K, char *buf) {
+static size_t codes_bytes(int M, int K, int wide) {
+  return ((size_t)M * K * (wide ? 2 : 1) + 63) & ~(size_t)63;
+}
+
+/* The layout of M rows' quantized activations in buf: M * K codes (int16 if wide, else int8),
+ * then d, s and sum (M * nb each). */
+static i8_act i8_layout(int M, int K, int wide, char *buf) {
   int nb = K / QK;
-  float *d = (float *)(buf + (((size_t)M * K + 63) & ~(size_t)63)), *s = d + (size_t)M * nb;
-  i8_act a = {(const int8_t *)buf, d, s, (const int32_t *)(s + (size_t)M * nb), K, nb};
+  float *d = (float *)(buf + codes_bytes(M, K, wide)), *s = d + (size_t)M * nb;
+  i8_act a = {wide ? NULL : (const int8_t *)buf, wide ? (const int16_t *)buf : NULL, d, s,
+              (const int32_t *)(s + (size_t)M * nb), K, nb};
   return a;
+}
+
+static size_t i8_act_bytes(int M, int K, int wide) {
+  return codes_bytes(M, K, wide) + (size_t)M * (K / QK) * 3 * 4;
 }
 
 /* Row m of a <- the quantized row x (each row on its own: batch invariant). */
 static void i8_quantize_row(const float *x, const i8_act *a, int m) {
-  int nb = a->nb;
-  int8_t *q = (int8_t *)a->q + (int64_t)m * a->K;
-  int32_t *sum = (int32_t *)a->sum + (int64_t)m * nb;
-  quantize_row_q8(x, a->K, q, (float *)a->d + (int64_t)m * nb, (float *)a->s + (int64_t)m * nb);
-  for (int b = 0; b < nb; b++) {
-    int t = 0;
-    for (int j = 0; j < QK; j++) t += q[b * QK + j];
-    sum[b] = t;
-  }
+  int64_t o = (int64_t)m * a->K, ob = (int64_t)m * a->nb;
+  float *d = (float *)a->d + ob, *s = (float *)a->s + ob;
+  int32_t *sum = (int32_t *)a->sum + ob;
+  if (a->q16)
+    quantize_row_blocks(x, a->K, 1, NULL, (int16_t *)a->q16 + o, d, s, sum);
+  else
+    quantize_row_blocks(x, a->K, 0, (int8_t *)a->q + o, NULL, d, s, sum);
 }
 
-static size_t i8_act_bytes(int M, int K) {
-  return (((size_t)M * K + 63) & ~(size_t)63) + (size_t)M * (K / QK) * 3 * 4;
-}
-
-static inline int32_t load4(const int8_t *p) {
+static inline int32_t load4(const void *p) {
   int32_t v;
   memcpy(&v, p, 4);
   return v;
 }
 
-/* The integer dot of weight row n's block b with activation row m's (exact), any build. */
-static inline int32_t dot_block_ref(int kind, const void *w, int64_t i, const int8_t *xq) {
+/* Block i's scale d and (q4) minimum m as floats. */
+static inline float block_dw(int kind, const void *w, int64_t i) {
+  return h2f(kind == 4 ? ((const block_q4 *)w)[i].d : ((const block_q8 *)w)[i].d);
+}
+static inline float block_mw(int kind, const void *w, int64_t i) {
+  return kind == 4 ? h2f(((const block_q4 *)w)[i].m) : 0.f;
+}
+
+/* The integer dot of weight block i with an activation block (int8 codes x8, or int16 x16). */
+static inline int32_t dot_block_ref(int kind, const void *w, int64_t i, const int8_t *x8,
+                                    const int16_t *x16) {
   int32_t t = 0;
   if (kind == 4) {
     const block_q4 *b = (const block_q4 *)w + i;
-    for (int j = 0; j < 16; j++) t += (b->qs[j] & 0x0F) * xq[j] + (b->qs[j] >> 4) * xq[j + 16];
+    for (int j = 0; j < 16; j++)
+      t += (b->qs[j] & 0x0F) * (x16 ? x16[j] : x8[j]) + (b->qs[j] >> 4) * (x16 ? x16[j + 16] : x8[j + 16]);
   } else {
     const block_q8 *b = (const block_q8 *)w + i;
-    for (int j = 0; j < QK; j++) t += b->qs[j] * xq[j];
+    for (int j = 0; j < QK; j++) t += b->qs[j] * (x16 ? x16[j] : x8[j]);
   }
   return t;
 }
@@ -765,6 +808,19 @@ static inline int32_t dot_block_ref(int kind, const void *w, int64_t i, const in
 static inline float i8_step(float acc, int32_t dot, float dw, float dx, int q4, float mw, float sx) {
   acc = fmaf((float)dot, dw * dx, acc);
   return q4 ? fmaf(mw, sx, acc) : acc;
+}
+
+/* Output (m, n) by the scalar steps: the portable path, and the vector paths' tails. */
+static float int_dot_ref(int kind, const void *w, int n, const i8_act *a, int m) {
+  int nb = a->nb;
+  const float *xd = a->d + (int64_t)m * nb, *xs = a->s + (int64_t)m * nb;
+  float acc = 0.f;
+  for (int b = 0; b < nb; b++) {
+    int64_t i = (int64_t)n * nb + b, o = (int64_t)m * a->K + (int64_t)b * QK;
+    int32_t dot = dot_block_ref(kind, w, i, a->q ? a->q + o : NULL, a->q16 ? a->q16 + o : NULL);
+    acc = i8_step(acc, dot, block_dw(kind, w, i), xd[b], kind == 4, block_mw(kind, w, i), xs[b]);
+  }
+  return acc;
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -777,131 +833,186 @@ static inline float i8_step(float acc, int32_t dot, float dw, float dx, int q4, 
 #endif
 
 #ifdef __AVX2__
-/* One row's block as 32 code bytes in k order (q4: 0..15; q8: q + 128 for VNNI, else q). */
-static inline __m256i block_codes(int kind, const void *w, int64_t i) {
+#ifdef I8_VNNI
+#define DPW256(acc, a, b) _mm256_dpwssd_epi32(acc, a, b)
+#else
+#define DPW256(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
+#endif
+
+/* Lane r = the sum of p[r]'s 8 int32 lanes, r = 0..7 (integers: exact in any order). */
+static inline __m256i hsum8_epi32(const __m256i p[8]) {
+  __m256i t[4];
+  for (int r = 0; r < 4; r++)
+    t[r] = _mm256_add_epi32(_mm256_unpacklo_epi32(p[2 * r], p[2 * r + 1]),
+                            _mm256_unpackhi_epi32(p[2 * r], p[2 * r + 1]));
+  __m256i u0 = _mm256_add_epi32(_mm256_unpacklo_epi64(t[0], t[1]), _mm256_unpackhi_epi64(t[0], t[1]));
+  __m256i u1 = _mm256_add_epi32(_mm256_unpacklo_epi64(t[2], t[3]), _mm256_unpackhi_epi64(t[2], t[3]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20),
+                          _mm256_permute2x128_si256(u0, u1, 0x31));
+}
+
+/* The float16 scale (and q4 minimum) at the start of 8 blocks (base + r * stride bytes) as
+ * floats (eight scalar loads: faster here than a gather). */
+static inline void scales8(const char *base, int64_t stride, __m256 *dw, __m256 *mw) {
+  __m256i dm = _mm256_setr_epi32(load4(base), load4(base + stride), load4(base + 2 * stride),
+                                 load4(base + 3 * stride), load4(base + 4 * stride),
+                                 load4(base + 5 * stride), load4(base + 6 * stride),
+                                 load4(base + 7 * stride)); /* d | m << 16 */
+#ifdef __F16C__
+  __m256i h = _mm256_packus_epi32(_mm256_and_si256(dm, _mm256_set1_epi32(0xFFFF)),
+                                  _mm256_srli_epi32(dm, 16)); /* d0-3 m0-3 | d4-7 m4-7 */
+  h = _mm256_permute4x64_epi64(h, 0xD8);
+  *dw = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+  *mw = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+#else
+  uint32_t v[8];
+  float d[8], m[8];
+  _mm256_storeu_si256((__m256i *)v, dm);
+  for (int r = 0; r < 8; r++) {
+    d[r] = h2f((uint16_t)v[r]);
+    m[r] = h2f((uint16_t)(v[r] >> 16));
+  }
+  *dw = _mm256_loadu_ps(d);
+  *mw = _mm256_loadu_ps(m);
+#endif
+}
+
+/* One activation row (int16 codes x16, scales xd, xs) against weight rows [n0, n0 + 8), the
+ * blocks read in place; y[0..7]. */
+static void int_row8(int kind, const void *w, int nb, int n0, const int16_t *x16, const float *xd,
+                     const float *xs, float *y) {
+  int q4 = kind == 4;
+  int64_t bsz = q4 ? (int64_t)sizeof(block_q4) : (int64_t)sizeof(block_q8), row = (int64_t)nb * bsz;
+  const char *w0 = (const char *)w + n0 * row;
+  /* the next tile's rows, a slice per block (see row_dots) */
+  const char *next = w0 + 8 * row;
+  __m256 acc = _mm256_setzero_ps();
+  for (int b = 0; b < nb; b++) {
+    for (int64_t off = 8 * row * b / nb; off < 8 * row * (b + 1) / nb; off += 64)
+      _mm_prefetch(next + off, _MM_HINT_T0);
+    __m256i xlo = _mm256_loadu_si256((const __m256i *)(x16 + (int64_t)b * QK));
+    __m256i xhi = _mm256_loadu_si256((const __m256i *)(x16 + (int64_t)b * QK + 16));
+    const char *wb = w0 + (int64_t)b * bsz;
+    __m256i p[8];
+    for (int r = 0; r < 8; r++) {
+      const char *blk = wb + r * row;
+      __m256i lo, hi;
+      if (q4) { /* byte j: weight j (low nibble), weight j + 16 (high) */
+        __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)((const block_q4 *)blk)->qs));
+        lo = _mm256_and_si256(c, _mm256_set1_epi16(0x0F));
+        hi = _mm256_srli_epi16(c, 4);
+      } else {
+        const int8_t *qs = ((const block_q8 *)blk)->qs;
+        lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)qs));
+        hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16)));
+      }
+      p[r] = DPW256(_mm256_madd_epi16(lo, xlo), hi, xhi);
+    }
+    __m256 dw, mw;
+    scales8(wb, row, &dw, &mw);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8_epi32(p)), _mm256_mul_ps(dw, _mm256_set1_ps(xd[b])), acc);
+    if (q4) acc = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[b]), acc);
+  }
+  _mm256_storeu_ps(y, acc);
+}
+
+/* One row's block as 32 code bytes in k order (q4: 0..15; q8: q, or q + 128 with u8). */
+static inline __m256i block_codes(int kind, const void *w, int64_t i, int u8) {
   if (kind == 4) return unpack_q4(((const block_q4 *)w + i)->qs);
   __m256i q = _mm256_loadu_si256((const __m256i *)((const block_q8 *)w + i)->qs);
-#ifdef I8_VNNI
-  q = _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80));
-#endif
-  return q;
+  return u8 ? _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)) : q;
 }
 
-/* 4 weight rows' block dots against one activation block, as int32 lanes 0..3. */
-static inline __m128i dots4(int kind, const void *w, int64_t i0, int64_t stride, __m256i x,
-                            int32_t xsum) {
-  __m256i p[4];
-  for (int r = 0; r < 4; r++) {
-    __m256i c = block_codes(kind, w, i0 + r * stride);
-#ifdef I8_VNNI
-    p[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), c, x);
-#else
-    if (kind == 4) {
-      p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(c, x), _mm256_set1_epi16(1));
-    } else { /* |w| x (x with w's sign): pair sums <= 2 * 128 * 127, no saturation */
-      p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(x, c)),
-                               _mm256_set1_epi16(1));
-    }
-#endif
-  }
-  __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-  __m128i d = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-#ifdef I8_VNNI
-  if (kind == 8) d = _mm_sub_epi32(d, _mm_set1_epi32(128 * xsum));
-#else
-  (void)xsum;
-#endif
-  return d;
-}
+/* A tile of tw <= TW weight rows [n0, n0 + tw) repacked: per block, the codes of the groups
+ * (quads: 8 groups of 4 bytes; pairs: 16 groups of 2 int16) of the TW rows side by side (rows past
+ * tw zero), then dw [nb][TW] and mw [nb][TW]. */
+static size_t tile_block(int quads) { return (size_t)(quads ? 8 : 16) * TW * 4; }
 
-/* One activation row (a row of a, index m) against weight rows [n0, n0 + 4): the blocks read in
- * place; y[0..3]. */
-static void i8_row4(int kind, const void *w, int nb, int n0, const i8_act *a, int m, float *y) {
-  const int8_t *xq = a->q + (int64_t)m * a->K;
-  const float *xd = a->d + (int64_t)m * nb, *xs = a->s + (int64_t)m * nb;
-  const int32_t *xsum = a->sum + (int64_t)m * nb;
-  __m128 acc = _mm_setzero_ps();
+static void i8_repack(int kind, const void *w, int nb, int n0, int tw, int quads, uint8_t *buf) {
+  size_t tb = tile_block(quads);
+  float *dw = (float *)(buf + (size_t)nb * tb), *mw = dw + (size_t)nb * TW;
   for (int b = 0; b < nb; b++) {
-    __m256i x = _mm256_loadu_si256((const __m256i *)(xq + (int64_t)b * QK));
-    __m128i d = dots4(kind, w, (int64_t)n0 * nb + b, nb, x, xsum[b]);
-    float dw[4], mw[4];
-    for (int r = 0; r < 4; r++) {
-      int64_t i = (int64_t)(n0 + r) * nb + b;
-      dw[r] = h2f(kind == 4 ? ((const block_q4 *)w)[i].d : ((const block_q8 *)w)[i].d);
-      mw[r] = kind == 4 ? h2f(((const block_q4 *)w)[i].m) : 0.f;
-    }
-    __m128 sc = _mm_mul_ps(_mm_loadu_ps(dw), _mm_set1_ps(xd[b]));
-    acc = _mm_fmadd_ps(_mm_cvtepi32_ps(d), sc, acc);
-    if (kind == 4) acc = _mm_fmadd_ps(_mm_loadu_ps(mw), _mm_set1_ps(xs[b]), acc);
-  }
-  _mm_storeu_ps(y, acc);
-}
-
-/* A tile of tw <= TW weight rows [n0, n0 + tw) repacked: per block, the codes of GROUPS groups
- * (a group: 4 bytes for VNNI, 2 int16 for AVX2) of the TW rows side by side (rows past tw zero),
- * then dw [nb][TW] and mw [nb][TW]. */
+    uint8_t *cb = buf + (size_t)b * tb;
 #ifdef I8_VNNI
-#define GROUPS 8
-#define GROUP_BYTES 4
-#else
-#define GROUPS 16
-#define GROUP_BYTES 4 /* two int16 */
-#endif
-#define TILE_BLOCK (GROUPS * TW * GROUP_BYTES)
-
-static void i8_repack(int kind, const void *w, int nb, int n0, int tw, uint8_t *buf) {
-  float *dw = (float *)(buf + (size_t)nb * TILE_BLOCK), *mw = dw + (size_t)nb * TW;
-  for (int b = 0; b < nb; b++) {
-    uint8_t *cb = buf + (size_t)b * TILE_BLOCK;
-#ifdef I8_VNNI
-    /* rows' code bytes 0..15 (groups 0..3) and 16..31 (groups 4..7), 4 rows per zmm */
-    __m512i lo[4], hi[4];
-    for (int q = 0; q < 4; q++) {
-      lo[q] = hi[q] = _mm512_setzero_si512();
-      for (int j = 0; j < 4; j++) {
-        int r = 4 * q + j;
-        if (r >= tw) break;
-        __m256i c = block_codes(kind, w, (int64_t)(n0 + r) * nb + b);
-        lo[q] = _mm512_inserti32x4(lo[q], _mm256_castsi256_si128(c), j);
-        hi[q] = _mm512_inserti32x4(hi[q], _mm256_extracti128_si256(c, 1), j);
+    if (quads) {
+      /* rows' code bytes 0..15 (groups 0..3) and 16..31 (groups 4..7), 4 rows per zmm */
+      __m512i lo[4], hi[4];
+      for (int q = 0; q < 4; q++) {
+        lo[q] = hi[q] = _mm512_setzero_si512();
+        for (int j = 0; j < 4; j++) {
+          int r = 4 * q + j;
+          if (r >= tw) break;
+          __m256i c = block_codes(kind, w, (int64_t)(n0 + r) * nb + b, 1);
+          lo[q] = _mm512_inserti32x4(lo[q], _mm256_castsi256_si128(c), j);
+          hi[q] = _mm512_inserti32x4(hi[q], _mm256_extracti128_si256(c, 1), j);
+        }
+      }
+      /* a 16 x 4 transpose of dwords per half: group g of rows 0..15 into one zmm */
+      const __m512i ia = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
+      const __m512i ib = _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);
+      for (int h = 0; h < 2; h++) {
+        __m512i *z = h ? hi : lo;
+        __m512i p0 = _mm512_permutex2var_epi32(z[0], ia, z[1]), q0 = _mm512_permutex2var_epi32(z[2], ia, z[3]);
+        __m512i p1 = _mm512_permutex2var_epi32(z[0], ib, z[1]), q1 = _mm512_permutex2var_epi32(z[2], ib, z[3]);
+        __m512i *o = (__m512i *)(cb + (size_t)h * 4 * 64);
+        _mm512_store_si512(o + 0, _mm512_shuffle_i64x2(p0, q0, 0x44));
+        _mm512_store_si512(o + 1, _mm512_shuffle_i64x2(p0, q0, 0xEE));
+        _mm512_store_si512(o + 2, _mm512_shuffle_i64x2(p1, q1, 0x44));
+        _mm512_store_si512(o + 3, _mm512_shuffle_i64x2(p1, q1, 0xEE));
+      }
+    } else {
+      /* pairs: each row's 32 codes as int16 (16 dwords), then a 16 x 16 dword transpose */
+      __m512i r[16], t[16];
+      for (int j = 0; j < 16; j++) {
+        int64_t i = (int64_t)(n0 + j) * nb + b;
+        r[j] = j >= tw ? _mm512_setzero_si512()
+               : kind == 4 ? _mm512_cvtepu8_epi16(block_codes(kind, w, i, 0))
+                           : _mm512_cvtepi8_epi16(block_codes(kind, w, i, 0));
+      }
+      for (int j = 0; j < 8; j++) { /* lane l: rows 2j, 2j + 1, dwords 4l..4l + 3 interleaved */
+        t[2 * j] = _mm512_unpacklo_epi32(r[2 * j], r[2 * j + 1]);
+        t[2 * j + 1] = _mm512_unpackhi_epi32(r[2 * j], r[2 * j + 1]);
+      }
+      for (int j = 0; j < 4; j++) { /* r[4j + e]: rows 4j..4j + 3 of dword 4l + e in lane l */
+        r[4 * j] = _mm512_unpacklo_epi64(t[4 * j], t[4 * j + 2]);
+        r[4 * j + 1] = _mm512_unpackhi_epi64(t[4 * j], t[4 * j + 2]);
+        r[4 * j + 2] = _mm512_unpacklo_epi64(t[4 * j + 1], t[4 * j + 3]);
+        r[4 * j + 3] = _mm512_unpackhi_epi64(t[4 * j + 1], t[4 * j + 3]);
+      }
+      __m512i *o = (__m512i *)cb; /* o[p]: pair p of rows 0..15 (a 4 x 4 transpose of lanes) */
+      for (int e = 0; e < 4; e++) {
+        __m512i u0 = _mm512_shuffle_i32x4(r[e], r[4 + e], 0x44), u1 = _mm512_shuffle_i32x4(r[e], r[4 + e], 0xEE);
+        __m512i u2 = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0x44), u3 = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0xEE);
+        _mm512_store_si512(o + e, _mm512_shuffle_i32x4(u0, u2, 0x88));
+        _mm512_store_si512(o + 4 + e, _mm512_shuffle_i32x4(u0, u2, 0xDD));
+        _mm512_store_si512(o + 8 + e, _mm512_shuffle_i32x4(u1, u3, 0x88));
+        _mm512_store_si512(o + 12 + e, _mm512_shuffle_i32x4(u1, u3, 0xDD));
       }
     }
-    /* a 16 x 4 transpose of dwords per half: group g of rows 0..15 into one zmm */
-    const __m512i ia = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
-    const __m512i ib = _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);
-    for (int h = 0; h < 2; h++) {
-      __m512i *z = h ? hi : lo;
-      __m512i p0 = _mm512_permutex2var_epi32(z[0], ia, z[1]), q0 = _mm512_permutex2var_epi32(z[2], ia, z[3]);
-      __m512i p1 = _mm512_permutex2var_epi32(z[0], ib, z[1]), q1 = _mm512_permutex2var_epi32(z[2], ib, z[3]);
-      __m512i *o = (__m512i *)(cb + (size_t)h * 4 * 64);
-      _mm512_store_si512(o + 0, _mm512_shuffle_i64x2(p0, q0, 0x44));
-      _mm512_store_si512(o + 1, _mm512_shuffle_i64x2(p0, q0, 0xEE));
-      _mm512_store_si512(o + 2, _mm512_shuffle_i64x2(p1, q1, 0x44));
-      _mm512_store_si512(o + 3, _mm512_shuffle_i64x2(p1, q1, 0xEE));
-    }
 #else
-    int32_t *o = (int32_t *)cb; /* [16 pairs][TW rows] of two int16 */
-    for (int r = 0; r < TW; r++) {
-      int16_t c16[QK];
-      if (r < tw) {
-        __m256i c = block_codes(kind, w, (int64_t)(n0 + r) * nb + b);
-        __m256i c0 = kind == 4 ? _mm256_cvtepu8_epi16(_mm256_castsi256_si128(c))
-                               : _mm256_cvtepi8_epi16(_mm256_castsi256_si128(c));
-        __m256i c1 = kind == 4 ? _mm256_cvtepu8_epi16(_mm256_extracti128_si256(c, 1))
-                               : _mm256_cvtepi8_epi16(_mm256_extracti128_si256(c, 1));
-        _mm256_storeu_si256((__m256i *)c16, c0);
-        _mm256_storeu_si256((__m256i *)(c16 + 16), c1);
-      } else {
-        memset(c16, 0, sizeof c16);
+    {
+      int32_t *o = (int32_t *)cb; /* [16 pairs][TW rows] of two int16 */
+      for (int r = 0; r < TW; r++) {
+        int16_t c16[QK];
+        if (r < tw) {
+          __m256i c = block_codes(kind, w, (int64_t)(n0 + r) * nb + b, 0);
+          __m256i c0 = kind == 4 ? _mm256_cvtepu8_epi16(_mm256_castsi256_si128(c))
+                                 : _mm256_cvtepi8_epi16(_mm256_castsi256_si128(c));
+          __m256i c1 = kind == 4 ? _mm256_cvtepu8_epi16(_mm256_extracti128_si256(c, 1))
+                                 : _mm256_cvtepi8_epi16(_mm256_extracti128_si256(c, 1));
+          _mm256_storeu_si256((__m256i *)c16, c0);
+          _mm256_storeu_si256((__m256i *)(c16 + 16), c1);
+        } else {
+          memset(c16, 0, sizeof c16);
+        }
+        for (int p = 0; p < 16; p++) memcpy(o + p * TW + r, c16 + 2 * p, 4);
       }
-      for (int p = 0; p < 16; p++) memcpy(o + p * TW + r, c16 + 2 * p, 4);
     }
 #endif
     for (int r = 0; r < TW; r++) {
       int64_t i = (int64_t)(n0 + r) * nb + b;
-      int live = r < tw;
-      dw[b * TW + r] = live ? h2f(kind == 4 ? ((const block_q4 *)w)[i].d : ((const block_q8 *)w)[i].d) : 0.f;
-      mw[b * TW + r] = live && kind == 4 ? h2f(((const block_q4 *)w)[i].m) : 0.f;
+      dw[b * TW + r] = r < tw ? block_dw(kind, w, i) : 0.f;
+      mw[b * TW + r] = r < tw ? block_mw(kind, w, i) : 0.f;
     }
   }
 }
@@ -915,7 +1026,8 @@ typedef __m512i vtw_i;
 #define VTW_LOAD_F(p) _mm512_loadu_ps(p)
 #define VTW_SET1_I(v) _mm512_set1_epi32(v)
 #define VTW_SET1_F(v) _mm512_set1_ps(v)
-#define VTW_DOT(acc, w, x) _mm512_dpbusd_epi32(acc, w, x)
+#define VTW_DOT4(acc, w, x) _mm512_dpbusd_epi32(acc, w, x)
+#define VTW_DOT2(acc, w, x) _mm512_dpwssd_epi32(acc, w, x)
 #define VTW_SUB_I(a, b) _mm512_sub_epi32(a, b)
 #define VTW_CVT(a) _mm512_cvtepi32_ps(a)
 #define VTW_MUL(a, b) _mm512_mul_ps(a, b)
@@ -930,7 +1042,8 @@ typedef __m256i vtw_i;
 #define VTW_LOAD_F(p) _mm256_loadu_ps(p)
 #define VTW_SET1_I(v) _mm256_set1_epi32(v)
 #define VTW_SET1_F(v) _mm256_set1_ps(v)
-#define VTW_DOT(acc, w, x) _mm256_add_epi32(acc, _mm256_madd_epi16(w, x))
+#define VTW_DOT4(acc, w, x) VTW_DOT2(acc, w, x) /* no quads without VNNI */
+#define VTW_DOT2(acc, w, x) _mm256_add_epi32(acc, _mm256_madd_epi16(w, x))
 #define VTW_SUB_I(a, b) _mm256_sub_epi32(a, b)
 #define VTW_CVT(a) _mm256_cvtepi32_ps(a)
 #define VTW_MUL(a, b) _mm256_mul_ps(a, b)
@@ -939,125 +1052,130 @@ typedef __m256i vtw_i;
 #endif
 
 /* A repacked tile (buf) against MR activation rows m0.. of a: out[m] = the TW outputs of row m
- * before the bias. x16: the activations as int16 (AVX2 only; [M, K], VNNI reads a->q). Inlined
- * with a constant MR. */
-static inline __attribute__((always_inline)) void i8_tile(int q4, const uint8_t *buf, const i8_act *a,
-                                                          const int16_t *x16, int m0, int MR,
-                                                          float *out) {
-  int nb = a->nb, K = a->K;
-  const float *dw = (const float *)(buf + (size_t)nb * TILE_BLOCK), *mw = dw + (size_t)nb * TW;
+ * before the bias. Quads read a's int8 codes; pairs read x16 (int16 codes [M, K]: a's own, or its
+ * int8 codes widened). Inlined with constant q4, quads and MR. */
+static inline __attribute__((always_inline)) void i8_tile(int q4, int quads, const uint8_t *buf,
+                                                          const i8_act *a, const int16_t *x16,
+                                                          int m0, int MR, float *out) {
+  int nb = a->nb, K = a->K, groups = quads ? 8 : 16;
+  const float *dw = (const float *)(buf + (size_t)nb * tile_block(quads)), *mw = dw + (size_t)nb * TW;
   vtw_f acc[IMR];
   _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) acc[m] = VTW_ZERO_F();
   for (int b = 0; b < nb; b++) {
-    const uint8_t *cb = buf + (size_t)b * TILE_BLOCK;
+    const uint8_t *cb = buf + (size_t)b * tile_block(quads);
     vtw_i s[IMR];
     _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) s[m] = VTW_ZERO_I();
-    _Pragma("GCC unroll 16") for (int g = 0; g < GROUPS; g++) {
-      vtw_i wv = VTW_LOAD_I(cb + (size_t)g * TW * GROUP_BYTES);
+    _Pragma("GCC unroll 16") for (int g = 0; g < groups; g++) {
+      vtw_i wv = VTW_LOAD_I(cb + (size_t)g * TW * 4);
       _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) {
-#ifdef I8_VNNI
-        int32_t xv = load4(a->q + (int64_t)(m0 + m) * K + (int64_t)b * QK + 4 * g);
-#else
-        int32_t xv;
-        memcpy(&xv, x16 + (int64_t)(m0 + m) * K + (int64_t)b * QK + 2 * g, 4);
-#endif
-        s[m] = VTW_DOT(s[m], wv, VTW_SET1_I(xv));
+        int64_t o = (int64_t)(m0 + m) * K + (int64_t)b * QK;
+        if (quads)
+          s[m] = VTW_DOT4(s[m], wv, VTW_SET1_I(load4(a->q + o + 4 * g)));
+        else
+          s[m] = VTW_DOT2(s[m], wv, VTW_SET1_I(load4(x16 + o + 2 * g)));
       }
     }
     vtw_f vdw = VTW_LOAD_F(dw + (size_t)b * TW), vmw = VTW_LOAD_F(mw + (size_t)b * TW);
     _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) {
       int64_t mb = (int64_t)(m0 + m) * nb + b;
       vtw_i d = s[m];
-#ifdef I8_VNNI
-      if (!q4) d = VTW_SUB_I(d, VTW_SET1_I(128 * a->sum[mb]));
-#endif
+      if (quads && !q4) d = VTW_SUB_I(d, VTW_SET1_I(128 * a->sum[mb]));
       acc[m] = VTW_FMA(VTW_CVT(d), VTW_MUL(vdw, VTW_SET1_F(a->d[mb])), acc[m]);
       if (q4) acc[m] = VTW_FMA(vmw, VTW_SET1_F(a->s[mb]), acc[m]);
     }
   }
-  (void)x16;
   _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) VTW_STORE_F(out + (size_t)m * TW, acc[m]);
 }
 
 #define I8T(q, mr) \
-  case (mr) * 2 + (q): i8_tile(q, buf, a, x16, m0, mr, out); break;
-static void i8_tile_any(int q4, const uint8_t *buf, const i8_act *a, const int16_t *x16, int m0,
-                        int mr, float *out) {
-  switch (mr * 2 + q4) {
-    I8T(1, 1) I8T(0, 1) I8T(1, 2) I8T(0, 2) I8T(1, 3) I8T(0, 3) I8T(1, 4) I8T(0, 4)
-#if IMR == 8
-    I8T(1, 5) I8T(0, 5) I8T(1, 6) I8T(0, 6) I8T(1, 7) I8T(0, 7) I8T(1, 8) I8T(0, 8)
-#endif
+  case (mr) * 2 + (q): i8_tile(q, QUADS, buf, a, x16, m0, mr, out); break;
+#define I8_TILES                                                                         \
+  switch (mr * 2 + q4) {                                                                 \
+    I8T(1, 1) I8T(0, 1) I8T(1, 2) I8T(0, 2) I8T(1, 3) I8T(0, 3) I8T(1, 4) I8T(0, 4)      \
+    I8T_WIDE                                                                             \
   }
+#if IMR == 8
+#define I8T_WIDE I8T(1, 5) I8T(0, 5) I8T(1, 6) I8T(0, 6) I8T(1, 7) I8T(0, 7) I8T(1, 8) I8T(0, 8)
+#else
+#define I8T_WIDE
+#endif
+static void i8_tile_any(int q4, int quads, const uint8_t *buf, const i8_act *a, const int16_t *x16,
+                        int m0, int mr, float *out) {
+#ifdef I8_VNNI
+  if (quads) {
+#define QUADS 1
+    I8_TILES
+#undef QUADS
+    return;
+  }
+#endif
+  (void)quads;
+#define QUADS 0
+  I8_TILES
+#undef QUADS
 }
 #undef I8T
+#undef I8_TILES
+#undef I8T_WIDE
 #endif /* __AVX2__ */
 
-/* Output columns [n0, n1) of the int8-activation product for all rows of a (see above). */
+/* Output columns [n0, n1) of the integer-activation product for all rows of a (see above). */
 static void i8_gemm(int kind, const i8_act *a, int M, const void *w, const float *bias, int n0,
                     int n1, float *y, int64_t y_stride) {
-  int nb = a->nb, q4 = kind == 4;
+  int nb = a->nb, K = a->K;
 #ifdef __AVX2__
-  if (M == 1) {
-    int n = n0;
-    for (; n + 4 <= n1; n += 4) i8_row4(kind, w, nb, n, a, 0, y + n);
-    for (; n < n1; n++) { /* the same steps, one output */
-      float acc = 0.f;
-      for (int b = 0; b < nb; b++) {
-        int64_t i = (int64_t)n * nb + b;
-        float dw = h2f(q4 ? ((const block_q4 *)w)[i].d : ((const block_q8 *)w)[i].d);
-        float mw = q4 ? h2f(((const block_q4 *)w)[i].m) : 0.f;
-        acc = i8_step(acc, dot_block_ref(kind, w, i, a->q + (int64_t)b * QK), dw, a->d[b], q4, mw, a->s[b]);
-      }
-      y[n] = acc;
+  int q4 = kind == 4, quads = 0;
+#ifdef I8_VNNI
+  quads = a->q16 == NULL && M > 2; /* int8 tiles: vpdpbusd on the codes as they are */
+#endif
+  const int16_t *x16 = a->q16;
+  if (!x16 && !quads) { /* int8 codes widened to int16 (exact) */
+    int16_t *t = (int16_t *)scratch_get(&tl_x16, sizeof(int16_t) * (size_t)M * K);
+    for (int64_t i = 0; i < (int64_t)M * K; i++) t[i] = a->q[i];
+    x16 = t;
+  }
+  if (M <= 2) { /* the blocks read in place, once per row (cheaper than a repack here) */
+    for (int m = 0; m < M; m++) {
+      const int16_t *xm = x16 + (int64_t)m * K;
+      const float *xd = a->d + (int64_t)m * nb, *xs = a->s + (int64_t)m * nb;
+      float *ym = y + (int64_t)m * y_stride;
+      int n = n0;
+      for (; n + 8 <= n1; n += 8) int_row8(kind, w, nb, n, xm, xd, xs, ym + n);
+      for (; n < n1; n++) ym[n] = int_dot_ref(kind, w, n, a, m);
     }
   } else {
-    uint8_t *buf = (uint8_t *)scratch_get(&tl_w, (size_t)nb * (TILE_BLOCK + 2 * TW * sizeof(float)));
-    const int16_t *x16 = NULL;
-#ifndef I8_VNNI
-    int16_t *t = (int16_t *)scratch_get(&tl_x16, sizeof(int16_t) * (size_t)M * a->K);
-    for (int64_t i = 0; i < (int64_t)M * a->K; i++) t[i] = a->q[i];
-    x16 = t;
-#endif
+    uint8_t *buf = (uint8_t *)scratch_get(&tl_w, (size_t)nb * (tile_block(quads) + 2 * TW * sizeof(float)));
     float out[IMR * TW];
     for (int mb = 0; mb < M; mb += IMB) {
       int me = M - mb < IMB ? M : mb + IMB;
       for (int c = n0; c < n1; c += TW) {
         int tw = n1 - c < TW ? n1 - c : TW;
-        i8_repack(kind, w, nb, c, tw, buf);
+        i8_repack(kind, w, nb, c, tw, quads, buf);
         for (int m0 = mb; m0 < me; m0 += IMR) {
           int mr = me - m0 < IMR ? me - m0 : IMR;
-          i8_tile_any(q4, buf, a, x16, m0, mr, out);
+          i8_tile_any(q4, quads, buf, a, x16, m0, mr, out);
           for (int m = 0; m < mr; m++) memcpy(y + (int64_t)(m0 + m) * y_stride + c, out + m * TW, sizeof(float) * tw);
         }
       }
     }
   }
 #else
+  (void)nb;
+  (void)K;
   for (int m = 0; m < M; m++)
-    for (int n = n0; n < n1; n++) {
-      float acc = 0.f;
-      const float *xd = a->d + (int64_t)m * nb, *xs = a->s + (int64_t)m * nb;
-      for (int b = 0; b < nb; b++) {
-        int64_t i = (int64_t)n * nb + b;
-        float dw = h2f(q4 ? ((const block_q4 *)w)[i].d : ((const block_q8 *)w)[i].d);
-        float mw = q4 ? h2f(((const block_q4 *)w)[i].m) : 0.f;
-        acc = i8_step(acc, dot_block_ref(kind, w, i, a->q + (int64_t)m * a->K + (int64_t)b * QK), dw, xd[b], q4, mw, xs[b]);
-      }
-      y[(int64_t)m * y_stride + n] = acc;
-    }
+    for (int n = n0; n < n1; n++) y[(int64_t)m * y_stride + n] = int_dot_ref(kind, w, n, a, m);
 #endif
   if (bias)
     for (int m = 0; m < M; m++)
       for (int n = n0; n < n1; n++) y[(int64_t)m * y_stride + n] += bias[n];
 }
 
-/* fgemm_rows' int8-activation path: this thread quantizes all M rows itself (no barrier; the
+/* fgemm_rows' integer-activation path: this thread quantizes all M rows itself (no barrier; the
  * decode graph's batches are small) into its own scratch. */
-static void i8_rows(int kind, const float *x, int64_t x_stride, int M, int K, const void *w,
-                    const float *bias, int n0, int n1, float *y, int64_t y_stride) {
+static void i8_rows(int kind, int wide, const float *x, int64_t x_stride, int M, int K,
+                    const void *w, const float *bias, int n0, int n1, float *y, int64_t y_stride) {
   if (n0 >= n1) return;
-  i8_act a = i8_layout(M, K, (char *)scratch_get(&tl_act, i8_act_bytes(M, K)));
+  i8_act a = i8_layout(M, K, wide, (char *)scratch_get(&tl_act, i8_act_bytes(M, K, wide)));
   for (int m = 0; m < M; m++) i8_quantize_row(x + (int64_t)m * x_stride, &a, m);
   i8_gemm(kind, &a, M, w, bias, n0, n1, y, y_stride);
 }
@@ -1065,15 +1183,16 @@ static void i8_rows(int kind, const float *x, int64_t x_stride, int M, int K, co
 static void share(int N, int tid, int nt, int *n0, int *n1);
 
 /* y [M, N] (row stride y_stride) = x [M, K] (row stride x_stride) . W^T (+ bias): kind 4 =
- * block_q4 weights, kind 8 = block_q8, both [N, K/32] blocks; | KIND_I8: int8 activations.
- * Batch invariant either way (see above). */
+ * block_q4 weights, kind 8 = block_q8, both [N, K/32] blocks; | KIND_I8: int8 activations,
+ * | KIND_I16: int16 activations. Batch invariant in every case (see above). */
 void infer_fgemm(int kind, const float *x, int64_t x_stride, int M, int K, const void *w,
                  const float *bias, int N, float *y, int64_t y_stride) {
   char *act = NULL;
   i8_act a;
-  if (kind & KIND_I8) { /* quantize the rows once, split across the threads */
-    act = (char *)aligned_alloc(64, (i8_act_bytes(M, K) + 63) & ~(size_t)63);
-    a = i8_layout(M, K, act);
+  if (kind & KIND_INT) { /* quantize the rows once, split across the threads */
+    int wide = (kind & KIND_I16) != 0;
+    act = (char *)aligned_alloc(64, (i8_act_bytes(M, K, wide) + 63) & ~(size_t)63);
+    a = i8_layout(M, K, wide, act);
 #pragma omp parallel for num_threads(M >= 4 ? g_threads : 1) schedule(static)
     for (int m = 0; m < M; m++) i8_quantize_row(x + (int64_t)m * x_stride, &a, m);
   }
@@ -1086,7 +1205,7 @@ void infer_fgemm(int kind, const float *x, int64_t x_stride, int M, int K, const
 #endif
     share(N, tid, nt, &n0, &n1);
     if (act) {
-      if (n0 < n1) i8_gemm(kind & ~KIND_I8, &a, M, w, bias, n0, n1, y, y_stride);
+      if (n0 < n1) i8_gemm(kind & ~KIND_INT, &a, M, w, bias, n0, n1, y, y_stride);
     } else {
       float *wf = (float *)aligned_alloc(32, sizeof(float) * FR * (size_t)K);
       fgemm_rows(kind, x, x_stride, M, K, w, bias, n0, n1, y, y_stride, wf);

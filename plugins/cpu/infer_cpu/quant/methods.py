@@ -3,15 +3,20 @@
 - ``GGUFLinearMethod`` (quantization key ``"gguf"``): serves a GGUF file's Q4_0 / Q4_1 / Q8_0
   blocks directly. With the native kernels (``infer_cpu.kernels``, float32 models) the blocks are
   read as they are in the file (Q4_0 rewritten as Q4_1) and every product, the LM head's too
-  (Q8_0 blocks of the embedding), runs ``kernels.fgemm``: float32 activations against the blocks
-  dequantized exactly, with per-row arithmetic that does not depend on how many rows share the
-  call. So prefill, extends after a cache hit, chunks and decode batches of any size give every
-  row the same bits, and the precision is chosen per model (float32 activations), never per
-  batch. ``INFER_CPU_ACTIVATIONS=int8`` opts a model into int8 activations instead (llama.cpp's
-  Q8 scheme: each row quantized per 32-block, exact integer block dot products, AVX-512 VNNI
-  where the CPU has it): the same kernel, as batch invariant, about twice as fast at batch 32,
-  with perplexity within 1 % of the float32 reference but distributions further from it (KL and
-  top-1 agreement in ``benchmarks/cpu_notes.md``), so it is not the default. Without
+  (Q8_0 blocks of the embedding), runs ``kernels.fgemm``, with per-row arithmetic that does not
+  depend on how many rows share the call. So prefill, extends after a cache hit, chunks and
+  decode batches of any size give every row the same bits, and the activation precision is chosen
+  per model (``INFER_CPU_ACTIVATIONS``), never per batch:
+  ``int16`` (the default): each activation row quantized per 32-block to int16 codes (scale
+  amax / 32767), exact integer block dot products (AVX-512 VNNI ``vpdpwssd`` where the CPU has
+  it, else ``vpmaddwd``), one float chain per output over the blocks; perplexity and greedy
+  answers of the float32 path (KL to the float32 reference ~1e-7), about twice as fast at batch
+  1 and 1.5-2x at batch 32 and in prefill.
+  ``float32``: float32 activations against the blocks dequantized exactly (the reference's
+  arithmetic).
+  ``int8``: llama.cpp's Q8 scheme (scale amax / 127), the fastest at large batches, with
+  perplexity within 1 % of the float32 reference but distributions further from it (KL and top-1
+  agreement in ``benchmarks/cpu_notes.md``), so it is opt-in. Without
   the native kernels (no C compiler, or a bf16/fp16 model) Q4 blocks become torch's int4
   group-32 weights (exact) and Q8_0 per-row int8 (requantized), LM head per-row int8. Other block
   types, and unquantized tensors, stay dense in the model dtype.
@@ -32,6 +37,7 @@ from torch import nn
 
 from infer_cpu import kernels
 from infer_cpu.quant.packing import (
+    ACTIVATION_FLAGS,
     INT4_TYPES,
     INT8_TYPES,
     PackedInt4,
@@ -47,17 +53,20 @@ from infer_cpu.quant.packing import (
 )
 
 COMPUTE_DTYPE = torch.bfloat16
-ACTIVATIONS_ENV = "INFER_CPU_ACTIVATIONS"  # "int8": the native GEMMs quantize activations to int8
+ACTIVATIONS_ENV = "INFER_CPU_ACTIVATIONS"  # the native GEMMs' activation precision
+DEFAULT_ACTIVATIONS = "int16"  # near float32 quality on the integer units (cpu_notes.md)
 
 
-def int8_activations() -> bool:
-    """``INFER_CPU_ACTIVATIONS=int8``: the native block GEMMs (layers and LM head) run int8
-    activations; unset or ``float32``: float32 activations (the default). Anything else is an
-    error, not a silent default."""
-    value = os.environ.get(ACTIVATIONS_ENV, "float32").strip().lower()
-    if value not in ("int8", "float32", ""):
-        raise ValueError(f"{ACTIVATIONS_ENV}={value!r}: expected 'float32' (the default) or 'int8'")
-    return value == "int8"
+def activation_precision() -> str:
+    """``INFER_CPU_ACTIVATIONS``: the activation precision of the native block GEMMs (layers and
+    LM head): ``float32``, ``int16`` or ``int8``; unset or empty: ``DEFAULT_ACTIVATIONS``.
+    Anything else is an error, not a silent default."""
+    value = os.environ.get(ACTIVATIONS_ENV, "").strip().lower() or DEFAULT_ACTIVATIONS
+    if value not in ACTIVATION_FLAGS:
+        raise ValueError(f"{ACTIVATIONS_ENV}={value!r}: expected one of "
+                         f"{', '.join(repr(v) for v in ACTIVATION_FLAGS)} (the default: "
+                         f"{DEFAULT_ACTIVATIONS!r})")
+    return value
 
 
 def refuse_nondeterministic(what: str) -> None:
@@ -65,10 +74,9 @@ def refuse_nondeterministic(what: str) -> None:
     is an error at load, never a silent fallback."""
     raise ValueError(
         f"--enable-deterministic-inference: {what} would not be batch invariant on the CPU. Only "
-        f"the native path is: a GGUF model with Q4_0/Q4_1/Q8_0 linear weights at float32 "
-        f"activations (the default --dtype auto, with a C compiler for the native kernels; "
-        f"{ACTIVATIONS_ENV}=int8 is invariant too) and a float32 KV cache; serve such a model or "
-        f"drop the flag")
+        f"the native path is: a GGUF model with Q4_0/Q4_1/Q8_0 linear weights (the default "
+        f"--dtype auto, with a C compiler for the native kernels; every {ACTIVATIONS_ENV} "
+        f"precision is invariant) and a float32 KV cache; serve such a model or drop the flag")
 
 
 def _drop_dense(layer: nn.Module) -> None:
@@ -135,7 +143,7 @@ class GGUFLinearMethod(LinearMethod):
 
     @staticmethod
     def _activations(qw: QWeight) -> QWeight:
-        return qw.with_int8_activations() if int8_activations() else qw
+        return qw.with_activations(activation_precision())
 
     def _native(self) -> bool:
         """Native block kernels: float32 activations, and the library built on this machine."""

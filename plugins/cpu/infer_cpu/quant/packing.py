@@ -137,14 +137,17 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.
 
 
 KIND_I8 = 0x100  # QWeight.kind flag: the native GEMM runs int8 activations (the C file's KIND_I8)
+KIND_I16 = 0x200  # ... int16 activations (the C file's KIND_I16)
+ACTIVATION_FLAGS = {"float32": 0, "int8": KIND_I8, "int16": KIND_I16}  # precision -> kind flag
 
 
 @dataclass
 class QWeight:
     """What the native kernels (``infer_cpu.kernels``) take: GGUF blocks of 32 weights, ``blocks``
     uint8 [N, K/32 * block bytes]. kind 4 = Q4_1 blocks (w = d * q + m, q in 0..15), kind 8 =
-    Q8_0 blocks (w = d * q, q int8); d and m float16. ``kind | KIND_I8``: the same blocks, and
-    the GEMM quantizes the activations to int8 (``with_int8_activations``)."""
+    Q8_0 blocks (w = d * q, q int8); d and m float16. ``kind | KIND_I8`` / ``kind | KIND_I16``:
+    the same blocks, and the GEMM quantizes the activations to int8 / int16 codes per row and
+    32-block (``with_activations``); no flag: float32 activations."""
 
     kind: int
     blocks: torch.Tensor
@@ -163,15 +166,29 @@ class QWeight:
     @property
     def block_kind(self) -> int:
         """4 (Q4_1 blocks) or 8 (Q8_0 blocks), without the activation flag."""
-        return self.kind & ~KIND_I8
+        return self.kind & ~(KIND_I8 | KIND_I16)
+
+    @property
+    def activations(self) -> str:
+        """The activation precision of the GEMM: "float32", "int8" or "int16"."""
+        flag = self.kind & (KIND_I8 | KIND_I16)
+        return next(name for name, f in ACTIVATION_FLAGS.items() if f == flag)
 
     @property
     def int8_activations(self) -> bool:
-        return bool(self.kind & KIND_I8)
+        return self.activations == "int8"
+
+    def with_activations(self, precision: str) -> QWeight:
+        """The same blocks (shared, not copied), multiplied with ``precision`` activations
+        ("float32", "int8" or "int16")."""
+        if precision not in ACTIVATION_FLAGS:
+            raise ValueError(f"activation precision {precision!r}: expected one of "
+                             f"{', '.join(ACTIVATION_FLAGS)}")
+        return QWeight(self.block_kind | ACTIVATION_FLAGS[precision], self.blocks,
+                       self.out_features, self.in_features)
 
     def with_int8_activations(self) -> QWeight:
-        """The same blocks (shared, not copied), multiplied with int8 activations."""
-        return QWeight(self.kind | KIND_I8, self.blocks, self.out_features, self.in_features)
+        return self.with_activations("int8")
 
 
 def gguf_qweight(raw: torch.Tensor, qtype: Q, rows: int) -> QWeight:
