@@ -21,7 +21,9 @@ peer died gets an error from the call (``RuntimeError``), never a hang.
 A model it cannot run (another architecture or layer type, dense weights, a non-native
 attention backend, a float16 KV cache, pipeline parallelism) is left to the per-op path, and
 ``reason`` says why. A bf16 model with a bf16 KV cache runs the bf16 stack of
-``infer_cpu.graph_bf16`` instead (bf16 weights on the native bf16 GEMM; one rank only).
+``infer_cpu.graph_bf16`` instead (bf16 weights on the native bf16 GEMM; one rank only), which
+also takes prefill / extend batches: every step of a bf16 model is one native call
+(``INFER_CPU_BF16_NATIVE_PREFILL=0`` leaves prefills to the per-op path).
 ``--disable-cuda-graph`` / ``--enforce-eager`` turn the runner off.
 There is no batch-size padding: the call takes any decode batch.
 """
@@ -171,11 +173,18 @@ class NativeDecodeGraph(GraphRunner):
 
     # -- replay --------------------------------------------------------------------------------
     def can_run(self, batch: Any) -> bool:
-        return self.ok and batch.attn.is_decode_only
+        if not self.ok:
+            return False
+        if batch.attn.is_decode_only:
+            return True
+        return self._bf16 is not None and self._bf16.extend  # prefill / extend rows: bf16 only
 
     def run(self, batch: Any) -> torch.Tensor:
-        """Decode step: embedding (torch) -> all layers (one native call) -> norm + LM head."""
+        """Decode step: embedding (torch) -> all layers (one native call) -> norm + LM head; a
+        bf16 stack also takes prefill / extend batches (``BF16DecodeStack.run_extend``)."""
         if self._bf16 is not None:
+            if not batch.attn.is_decode_only:
+                return self._bf16.run_extend(batch)
             return self._bf16.run(batch)
         model, meta = self._model, batch.attn
         h = model.model.embed_tokens(batch.input_ids).float().contiguous()  # [B, hidden]

@@ -1,5 +1,9 @@
-"""The bf16 decode stack of ``native_decode`` (``infer_cpu.graph``): bf16 models with a bf16 KV
-cache, every decoder layer in one native call (``infer_bf16_decode_layers``).
+"""The bf16 stack of ``native_decode`` (``infer_cpu.graph``): bf16 models with a bf16 KV cache,
+every decoder layer in one native call: ``infer_bf16_decode_layers`` for decode steps,
+``infer_bf16_forward_layers`` for batches with prefill or extend rows (``run_extend``: the
+projections of all rows, then causal attention over each sequence's paged keys -- the per-op
+path's prefill attention kernel -- then the MLP; mixed decode rows are sequences of one row).
+``INFER_CPU_BF16_NATIVE_PREFILL=0`` leaves those batches to the per-op path.
 
 Capture checks that each layer is a dense Llama-family layer whose four projections were packed
 by the CPU plugin's bf16 linear method (``infer_cpu.ops.linear_native``), and records float32
@@ -98,6 +102,11 @@ class BF16DecodeStack:
         self.threads = kb.ThreadChoice(torch.get_num_threads(),
                                     int(os.environ.get("INFER_CPU_BF16_DECODE_THREADS", "0")))
         self._fn = lib.infer_bf16_decode_layers
+        self._fwd = lib.infer_bf16_forward_layers
+        self.extend = os.environ.get("INFER_CPU_BF16_NATIVE_PREFILL", "1") != "0"
+        self.extend_threads = kb.ThreadChoice(
+            torch.get_num_threads(), int(os.environ.get("INFER_CPU_BF16_DECODE_THREADS", "0")),
+            max_first=True)
 
     def run(self, batch: Any) -> torch.Tensor:
         """Decode step: embedding (torch) -> all layers, final norm and LM head (one native
@@ -124,3 +133,32 @@ class BF16DecodeStack:
                  logits.data_ptr() if fused else None)
         self.threads.record(b, threads, time.perf_counter() - t0)
         return logits if logits is not None else self.model.compute_logits(h, batch)
+
+    def run_extend(self, batch: Any) -> torch.Tensor:
+        """A batch with prefill or extend rows (mixed with decode rows or not): embedding
+        (torch) -> all layers with causal attention over each sequence's keys, final norm and
+        the LM head on the logit rows (one native call) -> float32 logits [N, vocab]."""
+        meta = batch.attn
+        h = self.model.model.embed_tokens(batch.input_ids).float().contiguous()  # [T, hidden]
+        pos, slots = batch.positions.contiguous(), meta.slot_mapping.contiguous()
+        bt, seq_lens = meta.block_tables, meta.seq_lens.contiguous()
+        ext = torch.tensor(meta.extend_lens_cpu, dtype=torch.int32)
+        rows = batch.logits_indices.to(torch.int64).contiguous()
+        if (pos.dtype != torch.int64 or slots.dtype != torch.int64 or bt.dtype != torch.int32
+                or bt.stride(1) != 1 or seq_lens.dtype != torch.int32):
+            raise TypeError("batch metadata dtypes differ from what the bf16 stack expects")
+        t = h.shape[0]
+        if int(ext.sum()) != t or ext.shape[0] != seq_lens.shape[0] or bool((seq_lens < ext).any()):
+            raise ValueError("extend lengths do not match the batch's rows")
+        logits = torch.empty(rows.shape[0], self.lm_head.out_features)
+        threads = self.extend_threads.pick(t)
+        t0 = time.perf_counter()
+        self._fwd(self.table, self.n_layers, h.data_ptr(), t, self.hidden, self.heads,
+                  self.kv_heads, self.head_dim, self.inter, self.eps, pos.data_ptr(),
+                  self.rotary.cos_sin.data_ptr(), self.rotary.rotary_dim, slots.data_ptr(),
+                  bt.data_ptr(), bt.stride(0), seq_lens.data_ptr(), ext.data_ptr(),
+                  ext.shape[0], meta.page_size, self.scale, threads, self.final_norm.data_ptr(),
+                  self.final_eps, self.lm_head.data.data_ptr(), self.lm_head.out_features,
+                  rows.data_ptr(), rows.shape[0], logits.data_ptr())
+        self.extend_threads.record(t, threads, time.perf_counter() - t0)
+        return logits

@@ -70,8 +70,17 @@ def test_tiny_bf16_models_decode_through_the_graph(tmp_path, greedy, arch):
         return run(batch)
 
     runner.run = counted
+    extend = {"n": 0}
+    run_extend = runner._bf16.run_extend
+
+    def counted_extend(batch):
+        extend["n"] += 1
+        return run_extend(batch)
+
+    runner._bf16.run_extend = counted_extend
     got = greedy(core, prompts, counts)
     assert calls["n"] >= 23  # every decode step went through the graph
+    assert extend["n"] >= 1  # and the prefills through the bf16 stack's extend path
     for p, g in zip(prompts, got, strict=True):
         assert _shortfall(hf, p, g) < TIE
 

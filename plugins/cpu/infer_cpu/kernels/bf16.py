@@ -47,6 +47,9 @@ SIGNATURES = {
     "infer_bf16_gemm": [_P, _I, _L, _I, _I, _P, _P, _I, _P, _I, _L],
     "infer_bf16_decode_layers": [ctypes.POINTER(Layer), _I, _P, _I, _I, _I, _I, _I, _I, _F, _P,
                                  _P, _I, _P, _P, _L, _P, _I, _F, _I, _P, _F, _P, _I, _P],
+    "infer_bf16_forward_layers": [ctypes.POINTER(Layer), _I, _P, _I, _I, _I, _I, _I, _I, _F, _P,
+                                  _P, _I, _P, _P, _L, _P, _P, _I, _I, _F, _I, _P, _F, _P, _I, _P,
+                                  _I, _P],
     "infer_bf16_rms_norm": [_P, _L, _I, _P, _L, _P, _P, _I, _P, _I, _I, _F],
     "infer_bf16_rope": [_P, _P, _L, _I, _P, _L, _I, _I, _I, _I, _P],
     "infer_bf16_silu_mul": [_P, _L, _P, _I, _I],
@@ -126,10 +129,15 @@ class ThreadChoice:
     candidate (1 or ``max_threads``) with the lower moving average of measured step time, every
     ``explore``-th step of a class the other one (each candidate is measured first). On a shared
     machine a thread that another process keeps off its core holds up every job it has taken,
-    so one thread can be the faster. ``fixed`` > 0 always answers that count."""
+    so one thread can be the faster. ``fixed`` > 0 always answers that count. ``max_first``:
+    measure ``max_threads`` first (large jobs, such as a prefill, whose first call should not be
+    the slow one)."""
 
-    def __init__(self, max_threads: int, fixed: int = 0, explore: int = 16) -> None:
+    def __init__(self, max_threads: int, fixed: int = 0, explore: int = 16,
+                 max_first: bool = False) -> None:
         self.candidates = [1] if max_threads <= 1 else [1, max_threads]
+        if max_first:
+            self.candidates.reverse()
         self.fixed, self.explore = fixed, explore
         self._avg: dict[tuple[int, int], float] = {}  # (class, threads) -> seconds per step
         self._steps: dict[int, int] = {}

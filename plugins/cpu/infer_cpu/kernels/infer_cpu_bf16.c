@@ -977,6 +977,8 @@ typedef struct {
   float *qkv;  /* [B, max(qkv_w, hidden)]: q, k, v, then the o / down outputs */
   float *gu;   /* [B, 2 inter] */
   bf16 *att;   /* [B, H D]: attention outputs */
+  bf16 *qb;    /* [B, H D]: bf16 queries (forward over extend rows only) */
+  const float *norm_w; /* norm_rows_unit's weight */
   const act_t *a_in; /* the o projection's input rows (att itself, or xn), row stride a_s */
   int64_t as, a_s;
   int split_heads, split_inter, rows_a; /* phase A: KV groups x chunks of rows_a rows */
@@ -1001,11 +1003,11 @@ static void unit_cols(int u, int per, int N, int *c0, int *c1) {
   *c1 = (u + 1) * per * CB < N ? (u + 1) * per * CB : N;
 }
 
-/* Phase A, unit = (KV groups, rows): q of the groups' query heads, their k and v, rotary, the
- * cache write and attention. A unit owns whole KV groups (head_dim a multiple of the GEMM's
- * column block), or all of them when head_dim is not. */
-static void dec_attn_unit(void *p, int u, int worker) {
-  const dec_job *j = (const dec_job *)p;
+/* Phase A's projections, unit = (KV groups, rows): q of the groups' query heads, their k and v
+ * (+ bias), rotary, and k, v written to the cache. A unit owns whole KV groups (head_dim a
+ * multiple of the GEMM's column block), or all of them when head_dim is not. Sets the unit's
+ * groups [g0, g1) and rows [r0, r1). */
+static void qkv_rows(const dec_job *j, int u, int *pg0, int *pg1, int *pr0, int *pr1) {
   const bf16_step *st = j->st;
   const infer_bf16_layer *L = j->L;
   int B = st->B, hid = st->hidden, D = st->D, H = st->H, Hkv = st->Hkv, G = H / Hkv;
@@ -1029,10 +1031,33 @@ static void dec_attn_unit(void *p, int u, int worker) {
       L->v_cache[st->slots[m] * row + i] = f32_to_bf16(v[i]);
     }
   }
-  bf16_attn at = {j->qkv, qkv_w, L->k_cache, L->v_cache, st->block_tables, st->bt_stride,
-                  st->seq_lens, j->att, H, Hkv, D, st->page, st->scale};
+  *pg0 = g0, *pg1 = g1, *pr0 = r0, *pr1 = r1;
+}
+
+/* Phase A of a decode step: the unit's projections, then its rows' attention over their
+ * sequences' keys (one new token each: every key it needs is written already). */
+static void dec_attn_unit(void *p, int u, int worker) {
+  const dec_job *j = (const dec_job *)p;
+  const bf16_step *st = j->st;
+  int g0, g1, r0, r1, H = st->H, D = st->D, qkv_w = (H + 2 * st->Hkv) * D;
+  qkv_rows(j, u, &g0, &g1, &r0, &r1);
+  bf16_attn at = {j->qkv, qkv_w, j->L->k_cache, j->L->v_cache, st->block_tables, st->bt_stride,
+                  st->seq_lens, j->att, H, st->Hkv, D, st->page, st->scale};
   for (int b = r0; b < r1; b++)
-    for (int g = g0; g < g1; g++) attend_unit(&at, b * Hkv + g, j->w[worker].s, j->w[worker].o);
+    for (int g = g0; g < g1; g++) attend_unit(&at, b * st->Hkv + g, j->w[worker].s, j->w[worker].o);
+}
+
+/* Phase A1 of a forward over extend rows: the unit's projections, and its rows' queries rounded
+ * to bf16 into qb [B, H D] (the prefill attention's input, as the per-op path's bf16 q). */
+static void fwd_qkv_unit(void *p, int u, int worker) {
+  const dec_job *j = (const dec_job *)p;
+  const bf16_step *st = j->st;
+  int g0, g1, r0, r1, D = st->D, G = st->H / st->Hkv, qkv_w = (st->H + 2 * st->Hkv) * D;
+  (void)worker;
+  qkv_rows(j, u, &g0, &g1, &r0, &r1);
+  for (int m = r0; m < r1; m++)
+    for (int64_t i = (int64_t)g0 * G * D; i < (int64_t)g1 * G * D; i++)
+      j->qb[(int64_t)m * st->H * D + i] = f32_to_bf16(j->qkv[(int64_t)m * qkv_w + i]);
 }
 
 /* Phases B and D, unit = hidden columns: h[:, cols] += (o or down projection)[:, cols]. */
@@ -1097,17 +1122,46 @@ static void dec_norm_rows(const dec_job *j, const float *w, float eps) {
     rms_act_row(st->h + (int64_t)m * st->hidden, w, st->hidden, eps, j->w[0].tmp, j->xn + m * j->as);
 }
 
+/* Rows [16 u, 16 u + 16) of dec_norm_rows with the weight j->norm_w (many rows: a pool job). */
+static void norm_rows_unit(void *p, int u, int worker) {
+  const dec_job *j = (const dec_job *)p;
+  const bf16_step *st = j->st;
+  for (int m = 16 * u; m < st->B && m < 16 * u + 16; m++)
+    rms_act_row(st->h + (int64_t)m * st->hidden, j->norm_w, st->hidden, st->eps, j->w[worker].tmp,
+                j->xn + m * j->as);
+}
+
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 /* One layer as four pool jobs; between them the caller normalises rows or converts the
  * attention output, serially. A job's units write disjoint columns (or rows), so the only
  * waits are for units already taken: a helper kept off its core takes none. */
-static void decode_layer(dec_job *j, int nt) {
+static void norm_rows_unit(void *p, int u, int worker);
+
+/* One layer as four pool jobs (five over extend rows: the projections, then the attention);
+ * between them the caller normalises rows or converts the attention output. A job's units
+ * write disjoint columns (or rows), so the only waits are for units already taken: a helper
+ * kept off its core takes none. pf: the prefill attention's job (extend rows), or NULL (decode:
+ * one new row per sequence, attention fused with the projections). */
+static void run_layer(dec_job *j, int nt, pf_job *pf) {
   const bf16_step *st = j->st;
   int B = st->B, att_w = st->H * st->D;
-  dec_norm_rows(j, j->L->in_norm, st->eps);
+  j->norm_w = j->L->in_norm;
+  if (B >= 64)
+    pool_run(norm_rows_unit, j, ceil_div(B, 16), nt);
+  else
+    dec_norm_rows(j, j->L->in_norm, st->eps);
   int ng = j->split_heads ? st->Hkv : 1;
-  pool_run(dec_attn_unit, j, ng * ceil_div(B, j->rows_a), nt);
+  if (pf != NULL) {
+    pool_run(fwd_qkv_unit, j, ng * ceil_div(B, j->rows_a), nt);
+    bf16_prefill *a = (bf16_prefill *)pf->a;
+    a->k_cache = j->L->k_cache;
+    a->v_cache = j->L->v_cache;
+    int units = pf->unit0[pf->n_seqs];
+    pool_run(prefill_job_unit, pf, units, nt < units ? nt : units);
+  } else {
+    pool_run(dec_attn_unit, j, ng * ceil_div(B, j->rows_a), nt);
+  }
   j->a_in = j->xn;
   j->a_s = j->as;
 #ifdef BF16_DP
@@ -1119,7 +1173,11 @@ static void decode_layer(dec_job *j, int nt) {
     for (int m = 0; m < B; m++) act_row(j->att + (int64_t)m * att_w, 1, att_w, j->xn + m * j->as);
   int hb = ceil_div(st->hidden, CB), ib = ceil_div(st->inter, CB);
   pool_run(dec_o_unit, j, ceil_div(hb, j->per_h), nt);
-  dec_norm_rows(j, j->L->post_norm, st->eps);
+  j->norm_w = j->L->post_norm;
+  if (B >= 64)
+    pool_run(norm_rows_unit, j, ceil_div(B, 16), nt);
+  else
+    dec_norm_rows(j, j->L->post_norm, st->eps);
   pool_run(dec_mlp_unit, j, j->split_inter ? ceil_div(ib, j->per_i) : 1, nt);
   pool_run(dec_down_unit, j, ceil_div(hb, j->per_h), nt);
 }
@@ -1130,23 +1188,28 @@ static int unit_blocks(int NB, int nt) {
   return ceil_div(per, TILE_TB) * TILE_TB;
 }
 
-/* One decode step of every layer: h [B, hidden] float32 (the embeddings in, the last layer's
- * output out), one token per sequence at pos[m], its k/v written at slots[m]; on `threads`
- * threads (0: the library's count). With a final norm (float32 [hidden], eps final_eps) and a
- * pair-packed LM head [vocab, hidden], also logits [B, vocab] float32 = lm_head(norm(h)), the
- * vocabulary columns split into pool units like every other projection's. */
-void infer_bf16_decode_layers(const infer_bf16_layer *layers, int n_layers, float *h, int B,
-                              int hidden, int H, int Hkv, int D, int inter, float eps,
-                              const int64_t *pos, const float *cos_sin, int rot_dim,
-                              const int64_t *slots, const int32_t *block_tables, int64_t bt_stride,
-                              const int32_t *seq_lens, int page, float scale, int threads,
-                              const float *final_norm, float final_eps, const bf16 *lm_head,
-                              int vocab, float *logits) {
+/* Every layer of a Llama-family stack over T rows: h [T, hidden] float32 (the embeddings in,
+ * the last layer's output out); row m at position pos[m], its k/v written at slots[m].
+ * Decode (ext_lens NULL): T sequences of one new row each, seq_lens [T]. Extend (ext_lens
+ * given): n_seqs sequences, sequence s's ext_lens[s] rows packed in order at the last
+ * positions of its seq_lens[s] keys (prefill, extend over a cached prefix, decode rows, mixed),
+ * each row attending to the keys up to its own position (the prefill attention above).
+ * On `threads` threads (0: the library's count). With a final norm (float32 [hidden], eps
+ * final_eps) and a pair-packed LM head [vocab, hidden], also logits [n_logits, vocab] float32
+ * = lm_head(norm(h[logit_rows[i]])) (logit_rows NULL: every row, n_logits = T). */
+static void run_stack(const infer_bf16_layer *layers, int n_layers, float *h, int T, int hidden,
+                      int H, int Hkv, int D, int inter, float eps, const int64_t *pos,
+                      const float *cos_sin, int rot_dim, const int64_t *slots,
+                      const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
+                      const int32_t *ext_lens, int n_seqs, int page, float scale, int threads,
+                      const float *final_norm, float final_eps, const bf16 *lm_head, int vocab,
+                      const int64_t *logit_rows, int n_logits, float *logits) {
+  int B = T, seqs = ext_lens ? n_seqs : T;
   bf16_step st = {layers, n_layers, B, hidden, H, Hkv, D, inter, rot_dim, page, eps, scale,
                   h, pos, slots, cos_sin, block_tables, seq_lens, bt_stride};
   int qkv_w = (H + 2 * Hkv) * D, kmax = hidden > H * D ? hidden : H * D, lmax = 1, G = H / Hkv;
   kmax = kmax > inter ? kmax : inter;
-  for (int m = 0; m < B; m++) lmax = seq_lens[m] > lmax ? seq_lens[m] : lmax;
+  for (int m = 0; m < seqs; m++) lmax = seq_lens[m] > lmax ? seq_lens[m] : lmax;
   int nt = threads > 0 ? threads : g_threads;
   nt = nt < POOL_MAX ? nt : POOL_MAX;
   int64_t as = 2 * ((kmax + 1) / 2);
@@ -1168,23 +1231,71 @@ void infer_bf16_decode_layers(const infer_bf16_layer *layers, int n_layers, floa
   j.as = as;
   j.split_heads = D % CB == 0;
   j.split_inter = inter % CB == 0;
-  j.rows_a = 8;
+  j.rows_a = ext_lens ? 32 : 8;
   j.per_h = unit_blocks(ceil_div(hidden, CB), nt);
   j.per_i = unit_blocks(ceil_div(inter, CB), nt);
   j.w = w;
+  /* extend rows: the prefill attention's job, its units and per-worker scratch */
+  pf_job pf;
+  bf16_prefill pa;
+  int32_t *row0 = NULL, *unit0 = NULL;
+  if (ext_lens) {
+    j.qb = (bf16 *)malloc(sizeof(bf16) * (size_t)B * H * D);
+    row0 = (int32_t *)malloc(sizeof(int32_t) * (size_t)(seqs + 1));
+    unit0 = (int32_t *)malloc(sizeof(int32_t) * (size_t)(seqs + 1));
+    row0[0] = unit0[0] = 0;
+    for (int s = 0; s < seqs; s++) {
+      row0[s + 1] = row0[s] + ext_lens[s];
+      unit0[s + 1] = unit0[s] + Hkv * ((ext_lens[s] + QB - 1) / QB);
+    }
+    bf16_prefill a0 = {j.qb, (int64_t)H * D, NULL, NULL, block_tables, bt_stride, seq_lens,
+                       ext_lens, row0, j.att, H, Hkv, D, page, scale};
+    pa = a0;
+    pf.a = &pa;
+    pf.unit0 = unit0;
+    pf.n_seqs = seqs;
+    pf.w = (pf_scratch *)calloc((size_t)nt, sizeof(pf_scratch));
+  }
   for (int l = 0; l < n_layers; l++) {
     j.L = layers + l;
-    decode_layer(&j, nt);
+    run_layer(&j, nt, ext_lens ? &pf : NULL);
   }
   if (final_norm) {
+    bf16_step st2 = st; /* the logit rows only */
+    float *hl = NULL;
+    if (logit_rows) {
+      hl = (float *)malloc(sizeof(float) * (size_t)(n_logits > 0 ? n_logits : 1) * hidden);
+      for (int i = 0; i < n_logits; i++)
+        memcpy(hl + (int64_t)i * hidden, h + logit_rows[i] * hidden, sizeof(float) * (size_t)hidden);
+      st2.h = hl;
+      st2.B = n_logits;
+      j.st = &st2;
+    }
     j.final_norm = final_norm;
     j.lm_head = lm_head;
     j.vocab = vocab;
     j.logits = logits;
     j.per_v = ceil_div(ceil_div(vocab, CB), 16 * nt); /* 16 units a thread: the largest GEMM */
     j.per_v = ceil_div(j.per_v, TILE_TB) * TILE_TB;
-    dec_norm_rows(&j, final_norm, final_eps);
-    pool_run(dec_head_unit, &j, ceil_div(ceil_div(vocab, CB), j.per_v), nt);
+    if (st2.B > 0) {
+      dec_norm_rows(&j, final_norm, final_eps);
+      pool_run(dec_head_unit, &j, ceil_div(ceil_div(vocab, CB), j.per_v), nt);
+    }
+    free(hl);
+  }
+  if (ext_lens) {
+    for (int i = 0; i < nt; i++) {
+      free(pf.w[i].kp);
+      free(pf.w[i].vp);
+      free(pf.w[i].qa);
+      free(pf.w[i].pa);
+      free(pf.w[i].s);
+      free(pf.w[i].o);
+    }
+    free(pf.w);
+    free(row0);
+    free(unit0);
+    free(j.qb);
   }
   for (int i = 0; i < nt; i++) {
     free(w[i].tmp);
@@ -1197,4 +1308,34 @@ void infer_bf16_decode_layers(const infer_bf16_layer *layers, int n_layers, floa
   free(j.qkv);
   free(j.gu);
   free(j.att);
+}
+
+/* One decode step of every layer (run_stack's decode mode): B sequences, one new token each at
+ * pos[m]; logits [B, vocab] for every row when final_norm is given. */
+void infer_bf16_decode_layers(const infer_bf16_layer *layers, int n_layers, float *h, int B,
+                              int hidden, int H, int Hkv, int D, int inter, float eps,
+                              const int64_t *pos, const float *cos_sin, int rot_dim,
+                              const int64_t *slots, const int32_t *block_tables, int64_t bt_stride,
+                              const int32_t *seq_lens, int page, float scale, int threads,
+                              const float *final_norm, float final_eps, const bf16 *lm_head,
+                              int vocab, float *logits) {
+  run_stack(layers, n_layers, h, B, hidden, H, Hkv, D, inter, eps, pos, cos_sin, rot_dim, slots,
+            block_tables, bt_stride, seq_lens, NULL, B, page, scale, threads, final_norm,
+            final_eps, lm_head, vocab, NULL, B, logits);
+}
+
+/* A forward over extend rows (run_stack's extend mode): T rows of n_seqs sequences; logits
+ * [n_logits, vocab] of the rows logit_rows (int64) when final_norm is given. */
+void infer_bf16_forward_layers(const infer_bf16_layer *layers, int n_layers, float *h, int T,
+                               int hidden, int H, int Hkv, int D, int inter, float eps,
+                               const int64_t *pos, const float *cos_sin, int rot_dim,
+                               const int64_t *slots, const int32_t *block_tables,
+                               int64_t bt_stride, const int32_t *seq_lens,
+                               const int32_t *ext_lens, int n_seqs, int page, float scale,
+                               int threads, const float *final_norm, float final_eps,
+                               const bf16 *lm_head, int vocab, const int64_t *logit_rows,
+                               int n_logits, float *logits) {
+  run_stack(layers, n_layers, h, T, hidden, H, Hkv, D, inter, eps, pos, cos_sin, rot_dim, slots,
+            block_tables, bt_stride, seq_lens, ext_lens, n_seqs, page, scale, threads, final_norm,
+            final_eps, lm_head, vocab, logit_rows, n_logits, logits);
 }
