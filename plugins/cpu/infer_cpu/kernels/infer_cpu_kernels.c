@@ -931,7 +931,13 @@ static size_t tile_block(int quads) { return (size_t)(quads ? 8 : 16) * TW * 4; 
 static void i8_repack(int kind, const void *w, int nb, int n0, int tw, int quads, uint8_t *buf) {
   size_t tb = tile_block(quads);
   float *dw = (float *)(buf + (size_t)nb * tb), *mw = dw + (size_t)nb * TW;
+  /* the next tile's rows, a slice per block: TW rows read side by side are more streams than the
+   * hardware prefetchers follow (a weight matrix larger than the caches: the LM head) */
+  int64_t bytes = (int64_t)TW * nb * (kind == 4 ? (int64_t)sizeof(block_q4) : (int64_t)sizeof(block_q8));
+  const char *next = (const char *)block_at(kind, w, (int64_t)(n0 + TW) * nb);
   for (int b = 0; b < nb; b++) {
+    for (int64_t off = bytes * b / nb; off < bytes * (b + 1) / nb; off += 64)
+      _mm_prefetch(next + off, _MM_HINT_T0);
     uint8_t *cb = buf + (size_t)b * tb;
 #ifdef I8_VNNI
     if (quads) {
