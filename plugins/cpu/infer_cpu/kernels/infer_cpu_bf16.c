@@ -303,9 +303,9 @@ static void tile(const act_t *x, int64_t xs, int tm, const bf16 *P, int64_t ps, 
  * K is walked in chunks of KC pairs (a group's weights, TB x KC x 64 bytes, stay in L1 while
  * every row tile uses them); the rows' float32 sums wait in acc [M][TB][CB] between chunks. */
 #define KC 64
-static void gemm_blocks(const act_t *act, int64_t xs, int M, int K2, const bf16 *P,
-                        const float *bias, int N, int b0, int b1, void *y, int64_t ys, int y_bf16) {
-  int64_t ps = (int64_t)K2 * 32; /* elements per packed block */
+static void gemm_blocks_ps(const act_t *act, int64_t xs, int M, int K2, const bf16 *P, int64_t ps,
+                           const float *bias, int N, int b0, int b1, void *y, int64_t ys,
+                           int y_bf16) { /* ps: elements from one packed block to the next */
   float(*acc)[TB][CB] = (float(*)[TB][CB])malloc(sizeof(float) * (size_t)M * TB * CB);
   for (int b = b0; b < b1; b += TILE_TB) {
     int tb = b1 - b < TILE_TB ? b1 - b : TILE_TB;
@@ -345,6 +345,11 @@ static void gemm_blocks(const act_t *act, int64_t xs, int M, int K2, const bf16 
       }
   }
   free(acc);
+}
+
+static void gemm_blocks(const act_t *act, int64_t xs, int M, int K2, const bf16 *P,
+                        const float *bias, int N, int b0, int b1, void *y, int64_t ys, int y_bf16) {
+  gemm_blocks_ps(act, xs, M, K2, P, (int64_t)K2 * 32, bias, N, b0, b1, y, ys, y_bf16);
 }
 
 typedef struct {
@@ -789,10 +794,9 @@ typedef struct {
 
 /* Scratch of one thread, grown as units need it. */
 typedef struct {
-  bf16 *kp, *vp;
   act_t *qa, *pa;
   float *s, *o;
-  size_t kp_n, vp_n, qa_n, pa_n, s_n, o_n;
+  size_t qa_n, pa_n, s_n, o_n;
 } pf_scratch;
 
 static void *grow(void *p, size_t *have, size_t need, size_t elem) {
@@ -802,35 +806,66 @@ static void *grow(void *p, size_t *have, size_t need, size_t elem) {
   return malloc(need * elem);
 }
 
-static void prefill_unit(const bf16_prefill *a, int seq, int g, int t0, int t1, pf_scratch *w) {
+/* The keys 0 .. seq_lens[seq] - 1 of KV head g packed for the two GEMMs: K as a weight of one
+ * column per key over D (kp: [ceil(L / 16)][D2][16][2]), V^T as a weight of D columns over the
+ * keys (vp: [NBd][L2][16][2], L2 = ceil(L / 2)); zeros past L and D. Once per (sequence, KV
+ * group), shared by its query blocks. */
+static void pack_kv(const bf16_prefill *a, int seq, int g, bf16 *kp, bf16 *vp) {
+  int D = a->D, D2 = (D + 1) / 2, L = a->seq_lens[seq], L2 = (L + 1) / 2;
+  int NBk = (L + CB - 1) / CB, NBd = (D + CB - 1) / CB;
+  int64_t row = (int64_t)a->Hkv * D;
+  const int32_t *bt = a->block_tables + (int64_t)seq * a->bt_stride;
+  memset(kp, 0, sizeof(bf16) * (size_t)NBk * D2 * 32);
+  memset(vp, 0, sizeof(bf16) * (size_t)NBd * L2 * 32);
+  for (int j = 0; j < L; j++) { /* key j: K column j, its (d, d + 1) pairs as 32-bit words */
+    const bf16 *kr = a->k_cache + ((int64_t)bt[j / a->page] * a->page + j % a->page) * row + (int64_t)g * D;
+    bf16 *kd = kp + ((int64_t)(j / CB) * D2 * CB + j % CB) * 2;
+    int d = 0;
+    for (; d + 2 <= D; d += 2) memcpy(kd + (int64_t)(d / 2) * 32, kr + d, 4);
+    if (d < D) kd[(int64_t)(d / 2) * 32] = kr[d];
+  }
+  for (int j = 0; j < L; j += 2) { /* keys j, j + 1: V^T's k pair j / 2, 16 columns at a time */
+    const bf16 *v0 = a->v_cache + ((int64_t)bt[j / a->page] * a->page + j % a->page) * row + (int64_t)g * D;
+    const bf16 *v1 = j + 1 < L ? a->v_cache + ((int64_t)bt[(j + 1) / a->page] * a->page + (j + 1) % a->page) * row + (int64_t)g * D : NULL;
+    for (int db = 0; db < NBd; db++) {
+      bf16 *dst = vp + ((int64_t)db * L2 + j / 2) * 32;
+      int d0 = db * CB;
+#if defined(__AVX512BW__)
+      if (d0 + CB <= D && v1) { /* interleave v0[d0 ..] and v1[d0 ..] 16-bit-wise */
+        static const int16_t order[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                          8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+        const __m512i mix = _mm512_loadu_si512((const void *)order);
+        __m512i x0 = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(v0 + d0)));
+        __m512i x1 = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(v1 + d0)));
+        _mm512_storeu_si512((void *)dst, _mm512_permutex2var_epi16(x0, mix, x1));
+        continue;
+      }
+#endif
+      for (int dd = 0; dd < CB && d0 + dd < D; dd++) {
+        dst[2 * dd] = v0[d0 + dd];
+        dst[2 * dd + 1] = v1 ? v1[d0 + dd] : 0;
+      }
+    }
+  }
+}
+
+/* Query rows [t0, t1) of sequence seq, KV head g, against its packed keys (pack_kv). */
+static void prefill_unit(const bf16_prefill *a, int seq, int g, int t0, int t1, pf_scratch *w,
+                         const bf16 *kp, const bf16 *vp) {
   int D = a->D, G = a->H / a->Hkv, D2 = (D + 1) / 2, ext = a->ext_lens[seq];
   int prefix = a->seq_lens[seq] - ext, L = prefix + t1, L2 = (L + 1) / 2, qn = t1 - t0;
   int NBk = (L + CB - 1) / CB, NBd = (D + CB - 1) / CB, M = qn * G;
-  int64_t row = (int64_t)a->Hkv * D;
-  const int32_t *bt = a->block_tables + (int64_t)seq * a->bt_stride;
-  w->kp = (bf16 *)grow(w->kp, &w->kp_n, (size_t)NBk * D2 * 32, sizeof(bf16));
-  w->vp = (bf16 *)grow(w->vp, &w->vp_n, (size_t)NBd * L2 * 32, sizeof(bf16));
+  int64_t vps = (int64_t)((a->seq_lens[seq] + 1) / 2) * 32; /* vp's block stride: all its keys */
   w->qa = (act_t *)grow(w->qa, &w->qa_n, (size_t)M * 2 * D2, sizeof(act_t));
   w->pa = (act_t *)grow(w->pa, &w->pa_n, (size_t)M * 2 * L2, sizeof(act_t));
   w->s = (float *)grow(w->s, &w->s_n, (size_t)M * L, sizeof(float));
   w->o = (float *)grow(w->o, &w->o_n, (size_t)M * D, sizeof(float));
-  memset(w->kp, 0, sizeof(bf16) * (size_t)NBk * D2 * 32);
-  memset(w->vp, 0, sizeof(bf16) * (size_t)NBd * L2 * 32);
-  for (int j = 0; j < L; j++) { /* key j: K column j, V^T k index j */
-    int64_t slot = (int64_t)bt[j / a->page] * a->page + j % a->page;
-    const bf16 *kr = a->k_cache + slot * row + (int64_t)g * D;
-    const bf16 *vr = a->v_cache + slot * row + (int64_t)g * D;
-    bf16 *kd = w->kp + ((int64_t)(j / CB) * D2 * CB + j % CB) * 2;
-    for (int d = 0; d < D; d++) kd[(int64_t)(d / 2) * 32 + (d & 1)] = kr[d];
-    bf16 *vd = w->vp + (int64_t)(j / 2) * 32 + (j & 1);
-    for (int d = 0; d < D; d++) vd[(int64_t)(d / CB) * L2 * 32 + (d % CB) * 2] = vr[d];
-  }
   /* rows r = tt * G + hh: query head g G + hh of row t0 + tt */
   for (int tt = 0; tt < qn; tt++)
     for (int hh = 0; hh < G; hh++)
       act_row(a->q + (int64_t)(a->row0[seq] + t0 + tt) * a->q_stride + (int64_t)(g * G + hh) * D, 1,
               D, w->qa + (int64_t)(tt * G + hh) * 2 * D2);
-  gemm_blocks(w->qa, 2 * D2, M, D2, w->kp, NULL, L, 0, NBk, w->s, L, 0);
+  gemm_blocks(w->qa, 2 * D2, M, D2, kp, NULL, L, 0, NBk, w->s, L, 0);
   for (int r = 0; r < M; r++) {
     int seen = prefix + t0 + r / G + 1; /* causal: keys 0 .. own position */
     float *sr = w->s + (int64_t)r * L, mx = -INFINITY, sum = 0.f;
@@ -849,7 +884,7 @@ static void prefill_unit(const bf16_prefill *a, int seq, int g, int t0, int t1, 
     for (int j = seen; j < 2 * L2; j++) pr[j] = 0;
     sr[0] = 1.f / sum; /* the row's scores are spent: keep its normaliser there */
   }
-  gemm_blocks(w->pa, 2 * L2, M, L2, w->vp, NULL, D, 0, NBd, w->o, D, 0);
+  gemm_blocks_ps(w->pa, 2 * L2, M, L2, vp, vps, NULL, D, 0, NBd, w->o, D, 0);
   for (int tt = 0; tt < qn; tt++)
     for (int hh = 0; hh < G; hh++) {
       bf16 *dst = a->out + (int64_t)(a->row0[seq] + t0 + tt) * a->H * D + (int64_t)(g * G + hh) * D;
@@ -864,7 +899,16 @@ typedef struct {
   const int32_t *unit0; /* per sequence: its first unit */
   int n_seqs;
   pf_scratch *w; /* per worker */
+  bf16 *kpack, *vpack;  /* every (sequence, KV group)'s packed keys (pack_kv) */
+  int64_t *kofs, *vofs; /* [n_seqs Hkv + 1]: where (s, g)'s are, elements */
+  size_t kcap, vcap;    /* what kpack, vpack hold, elements */
 } pf_job;
+
+static void pack_job_unit(void *p, int u, int worker) { /* u = s Hkv + g */
+  const pf_job *j = (const pf_job *)p;
+  (void)worker;
+  pack_kv(j->a, u / j->a->Hkv, u % j->a->Hkv, j->kpack + j->kofs[u], j->vpack + j->vofs[u]);
+}
 
 /* Unit u, counted from the end: the last query blocks see the most keys and go first. */
 static void prefill_job_unit(void *p, int u, int worker) {
@@ -873,8 +917,51 @@ static void prefill_job_unit(void *p, int u, int worker) {
   int s = 0;
   while (j->unit0[s + 1] <= u) s++;
   int i = u - j->unit0[s], ext = j->a->ext_lens[s], qb = i / j->a->Hkv, g = i % j->a->Hkv;
-  int t0 = qb * QB, t1 = t0 + QB < ext ? t0 + QB : ext;
-  prefill_unit(j->a, s, g, t0, t1, j->w + worker);
+  int t0 = qb * QB, t1 = t0 + QB < ext ? t0 + QB : ext, sg = s * j->a->Hkv + g;
+  prefill_unit(j->a, s, g, t0, t1, j->w + worker, j->kpack + j->kofs[sg], j->vpack + j->vofs[sg]);
+}
+
+/* The prefill attention of job j's rows over the current caches (j->a): the keys packed per
+ * (sequence, KV group), then the query blocks, each a pool job on up to nt threads. The pack
+ * buffers grow as needed and are kept in j (pf_free releases them). */
+static void pf_attend(pf_job *j, int nt) {
+  const bf16_prefill *a = j->a;
+  int D2 = (a->D + 1) / 2, NBd = (a->D + CB - 1) / CB, n = j->n_seqs * a->Hkv;
+  j->kofs = (int64_t *)realloc(j->kofs, sizeof(int64_t) * (size_t)(n + 1));
+  j->vofs = (int64_t *)realloc(j->vofs, sizeof(int64_t) * (size_t)(n + 1));
+  j->kofs[0] = j->vofs[0] = 0;
+  for (int u = 0; u < n; u++) {
+    int L = a->seq_lens[u / a->Hkv];
+    j->kofs[u + 1] = j->kofs[u] + (int64_t)((L + CB - 1) / CB) * D2 * 32;
+    j->vofs[u + 1] = j->vofs[u] + (int64_t)NBd * ((L + 1) / 2) * 32;
+  }
+  if ((size_t)j->kofs[n] > j->kcap) {
+    free(j->kpack);
+    j->kcap = (size_t)j->kofs[n];
+    j->kpack = (bf16 *)malloc(sizeof(bf16) * (j->kcap > 0 ? j->kcap : 1));
+  }
+  if ((size_t)j->vofs[n] > j->vcap) {
+    free(j->vpack);
+    j->vcap = (size_t)j->vofs[n];
+    j->vpack = (bf16 *)malloc(sizeof(bf16) * (j->vcap > 0 ? j->vcap : 1));
+  }
+  pool_run(pack_job_unit, j, n, nt < n ? nt : n);
+  int units = j->unit0[j->n_seqs];
+  pool_run(prefill_job_unit, j, units, nt < units ? nt : units);
+}
+
+static void pf_free(pf_job *j, int nt) {
+  for (int i = 0; i < nt; i++) {
+    free(j->w[i].qa);
+    free(j->w[i].pa);
+    free(j->w[i].s);
+    free(j->w[i].o);
+  }
+  free(j->w);
+  free(j->kpack);
+  free(j->vpack);
+  free(j->kofs);
+  free(j->vofs);
 }
 
 /* Write k, v [T, Hkv, D] (row strides k_stride, v_stride) at slots [T] of the bf16 caches, then
@@ -899,20 +986,15 @@ void infer_bf16_prefill_attention(const bf16 *q, int64_t q_stride, const bf16 *k
   }
   bf16_prefill a = {q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, ext_lens,
                     row0, out, H, Hkv, D, page, scale};
-  int units = unit0[n_seqs], nt = g_threads < units ? g_threads : units;
-  nt = nt < POOL_MAX ? nt : POOL_MAX;
-  pf_scratch *w = (pf_scratch *)calloc((size_t)(nt > 0 ? nt : 1), sizeof(pf_scratch));
-  pf_job job = {&a, unit0, n_seqs, w};
-  pool_run(prefill_job_unit, &job, units, nt);
-  for (int i = 0; i < nt; i++) {
-    free(w[i].kp);
-    free(w[i].vp);
-    free(w[i].qa);
-    free(w[i].pa);
-    free(w[i].s);
-    free(w[i].o);
-  }
-  free(w);
+  int nt = g_threads < POOL_MAX ? g_threads : POOL_MAX;
+  pf_job job;
+  memset(&job, 0, sizeof job);
+  job.a = &a;
+  job.unit0 = unit0;
+  job.n_seqs = n_seqs;
+  job.w = (pf_scratch *)calloc((size_t)nt, sizeof(pf_scratch));
+  pf_attend(&job, nt);
+  pf_free(&job, nt);
   free(row0);
   free(unit0);
 }
@@ -1157,8 +1239,7 @@ static void run_layer(dec_job *j, int nt, pf_job *pf) {
     bf16_prefill *a = (bf16_prefill *)pf->a;
     a->k_cache = j->L->k_cache;
     a->v_cache = j->L->v_cache;
-    int units = pf->unit0[pf->n_seqs];
-    pool_run(prefill_job_unit, pf, units, nt < units ? nt : units);
+    pf_attend(pf, nt);
   } else {
     pool_run(dec_attn_unit, j, ng * ceil_div(B, j->rows_a), nt);
   }
@@ -1251,6 +1332,7 @@ static void run_stack(const infer_bf16_layer *layers, int n_layers, float *h, in
     bf16_prefill a0 = {j.qb, (int64_t)H * D, NULL, NULL, block_tables, bt_stride, seq_lens,
                        ext_lens, row0, j.att, H, Hkv, D, page, scale};
     pa = a0;
+    memset(&pf, 0, sizeof pf);
     pf.a = &pa;
     pf.unit0 = unit0;
     pf.n_seqs = seqs;
@@ -1284,15 +1366,7 @@ static void run_stack(const infer_bf16_layer *layers, int n_layers, float *h, in
     free(hl);
   }
   if (ext_lens) {
-    for (int i = 0; i < nt; i++) {
-      free(pf.w[i].kp);
-      free(pf.w[i].vp);
-      free(pf.w[i].qa);
-      free(pf.w[i].pa);
-      free(pf.w[i].s);
-      free(pf.w[i].o);
-    }
-    free(pf.w);
+    pf_free(&pf, nt);
     free(row0);
     free(unit0);
     free(j.qb);
