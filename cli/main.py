@@ -8,7 +8,16 @@ module) or a command function named after the module (mounted as a command).
 from __future__ import annotations
 
 import importlib
+import os
 from types import ModuleType
+
+# torch's CPU ops run OpenMP teams whose threads, by default, spin at every barrier: on shared
+# cores a descheduled peer then stalls the whole team (a 1 x 128 prefill of the default model took
+# 2.6 s instead of 0.25 s under `infer bench one-batch` while another process ran). libgomp reads
+# the policy once, when torch loads it, so the commands that run an engine in this process (bench,
+# generate) need it set before their first torch import; the CPU plugin sets the same default for
+# the server's engine process. A value the user set wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import typer
 from infer.cli.common import ServerFlagsCommand

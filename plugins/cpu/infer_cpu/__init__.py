@@ -20,8 +20,9 @@ INFER_API_VERSION = 1
 # OpenMP threads that spin at barriers stall whenever a peer thread is descheduled: on this shared
 # 2-core machine the int4 matmuls of one decode step took 2.4 s with spinning and 22 ms with
 # sleeping waits (benchmarks/RESULTS.md). libgomp reads this once, when torch loads it, so it
-# must be set before torch is imported (the plugin host loads this module first); a value the
-# user set wins.
+# must be set before torch is imported: this takes effect where the plugin host loads first (the
+# server's engine process inherits it); the `infer` command line sets the same default at start
+# for the commands that run an engine in-process. A value the user set wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
