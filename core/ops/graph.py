@@ -9,9 +9,12 @@ from typing import Any
 class GraphRunner(ABC):
     """Captures decode steps for a set of batch sizes and replays them.
 
-    ``can_run(batch)`` says whether a captured graph covers this batch (decode-only and not larger
-    than the largest captured size); ``run(batch)`` pads to the next captured size, updates the
-    static inputs and attention metadata in place, replays and returns logits for the real rows.
+    ``can_run(batch)`` says whether a captured graph covers this batch (for CUDA / ACL / HPU
+    graphs: decode-only and not larger than the largest captured size); ``run(batch)`` pads to the
+    next captured size, updates the static inputs and attention metadata in place, replays and
+    returns logits for the real rows. A runner may cover extend batches too (the CPU plugin's
+    native bf16 stack runs prefills as one call); ``run`` then returns logits for
+    ``batch.logits_indices``, as the eager model does.
     """
 
     @abstractmethod
