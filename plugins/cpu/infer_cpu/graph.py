@@ -25,13 +25,17 @@ attention backend, a float16 KV cache, pipeline parallelism) is left to the per-
 also takes prefill / extend batches: every step of a bf16 model is one native call
 (``INFER_CPU_BF16_NATIVE_PREFILL=0`` leaves prefills to the per-op path).
 ``--disable-cuda-graph`` / ``--enforce-eager`` turn the runner off.
-There is no batch-size padding: the call takes any decode batch.
+There is no batch-size padding: the call takes any decode batch. On one rank the step runs on 1
+thread or on all of them per batch-size class, whichever measured faster (``kb.ThreadChoice``,
+as the bf16 stack does: on a shared machine a descheduled thread holds up every barrier of the
+step); ``INFER_CPU_DECODE_THREADS`` fixes the count. The kernels' results do not depend on it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import time
 from typing import Any
 
 import torch
@@ -141,6 +145,13 @@ class NativeDecodeGraph(GraphRunner):
         self._model = model
         if tp != 1:
             self._wire_all_reduce(ctx.comm)
+        else:  # one rank: 1 or all threads per batch-size class, whichever steps faster
+            import os
+
+            from infer_cpu.kernels import bf16 as kb
+
+            self.threads = kb.ThreadChoice(
+                torch.get_num_threads(), int(os.environ.get("INFER_CPU_DECODE_THREADS", "0")))
 
     def _wire_all_reduce(self, comm: Any) -> None:
         """The communicator's C all-reduce if it has one (the shared-memory segment), else a
@@ -195,7 +206,13 @@ class NativeDecodeGraph(GraphRunner):
         if (pos.dtype != torch.int64 or slots.dtype != torch.int64 or bt.dtype != torch.int32
                 or bt.stride(1) != 1 or seq_lens.dtype != torch.int32):
             raise TypeError("decode metadata dtypes differ from what the native graph expects")
-        kernels._lib()  # sizes the OpenMP team to torch's thread count
+        lib = kernels._lib()  # sizes the OpenMP team to torch's thread count
+        choice = getattr(self, "threads", None)  # one rank: the measured choice (tp: every thread)
+        threads = choice.pick(h.shape[0]) if choice is not None else torch.get_num_threads()
+        if threads != kernels._threads[0]:
+            lib.infer_set_threads(threads)
+            kernels._threads[0] = threads  # the next per-op call sets torch's count again
+        t0 = time.perf_counter()
         rc = self._fn(self.table, self.n_layers, h.data_ptr(), h.shape[0], self.hidden,
                       self.heads, self.kv_heads, self.head_dim, self.inter, self.eps,
                       pos.data_ptr(), self.rotary.cos_sin.data_ptr(), self.rotary.rotary_dim,
@@ -205,6 +222,8 @@ class NativeDecodeGraph(GraphRunner):
             if self._ar_errors:
                 raise self._ar_errors.pop()
             raise RuntimeError(self._comm.native_error())
+        if choice is not None:
+            choice.record(h.shape[0], threads, time.perf_counter() - t0)
         return model.compute_logits(h, batch)
 
 

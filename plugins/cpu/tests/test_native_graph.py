@@ -36,6 +36,10 @@ def test_graph_matches_per_op_path_on_the_default_model(greedy):
     runner.run = counted
     got = greedy(graph, prompts, counts)
     assert calls["n"] >= 15  # the decode steps went through the graph
+    import torch
+
+    if torch.get_num_threads() > 1:  # steps ran on 1 thread and on all (ThreadChoice measures both)
+        assert {t for (_, t) in runner.threads._avg} == {1, torch.get_num_threads()}
     del graph
     eager = EngineCore(ServerArgs(model_path=path, page_size=4, disable_cuda_graph=True))
     assert eager.runner.graph_runner is None
