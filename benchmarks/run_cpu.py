@@ -107,8 +107,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=HERE / "out")
     ap.add_argument("--report-only", type=Path, help="Rewrite RESULTS.md from a summary.json.")
     ap.add_argument("--kernels-ab", metavar="REV",
-                    help="Only engine rows: the tree's native kernels (float32 activations, then "
-                         "INFER_CPU_ACTIVATIONS=int8) against REV's infer_cpu_kernels.c, alternating.")
+                    help="Only engine rows: the tree's native kernels (INFER_CPU_ACTIVATIONS=float32, "
+                         "int16, int8) against REV's infer_cpu_kernels.c (float32), alternating.")
     ap.add_argument("--vllm-peer", action="store_true",
                     help="Serving rows against vLLM's CPU build instead (benchmarks/vllm_peer.py).")
     vllm_peer.add_arguments(ap)
@@ -187,8 +187,8 @@ def main() -> None:
 
 def kernels_ab(args) -> None:
     """Engine rows (``infer bench one-batch``: prefill of batch x input-len tokens, then decode) for
-    the tree's kernels with float32 activations (the default), the same with
-    INFER_CPU_ACTIVATIONS=int8, and REV's ``infer_cpu_kernels.c`` (float32), in alternating rounds
+    the tree's kernels with INFER_CPU_ACTIVATIONS=float32, int16 (the default) and int8, and REV's
+    ``infer_cpu_kernels.c`` (float32), in alternating rounds
     with the load average before and after each; prints a table of the best per variant and
     writes every row to --out/kernels_ab.json. REV's library is compiled into a cache directory of
     its own under the key the tree's source has (``native_build._target``), which is where the
@@ -216,8 +216,11 @@ def kernels_ab(args) -> None:
         subprocess.run([cc, *native_build.FLAG_SETS[0], "-shared", "-fPIC", "-o", str(lib),
                         str(Path(tmp) / "rev.c"), "-lm"], check=True)
         del os.environ["INFER_CACHE_DIR"]
-        variants = {f"{args.kernels_ab} (float32)": {"INFER_CACHE_DIR": tmp},
-                    "tree (float32)": {}, "tree (int8 activations)": {"INFER_CPU_ACTIVATIONS": "int8"}}
+        f32 = {"INFER_CPU_ACTIVATIONS": "float32"}  # explicit: the default is int16 activations
+        variants = {f"{args.kernels_ab} (float32)": {"INFER_CACHE_DIR": tmp} | f32,
+                    "tree (float32)": f32,
+                    "tree (int16 activations)": {"INFER_CPU_ACTIVATIONS": "int16"},
+                    "tree (int8 activations)": {"INFER_CPU_ACTIVATIONS": "int8"}}
         rows: dict[str, list[dict]] = {v: [] for v in variants}
         log: list = []
         for i in range(args.rounds):

@@ -708,15 +708,16 @@ static void fgemm_rows(int kind, const float *x, int64_t x_stride, int M, int K,
  * operations in every path (AVX-512 VNNI tiles, AVX2 tiles, the one-row path, portable C, any
  * thread or tile position), so a row's result is the same bits whatever the batch, and the same
  * in every build.
- * Tiles (two or more rows): TW weight rows are repacked once per call into a buffer whose vectors
+ * Tiles (three or more rows): TW weight rows are repacked once per call into a buffer whose vectors
  * hold one group of codes of the TW rows side by side, run against up to IMR activation rows
  * broadcast a group at a time. A group is 4 bytes for int8 on VNNI ("quads": vpdpbusd, u8 x s8;
  * q8 codes are stored as q + 128 and 128 sum(qx) is subtracted from the integer dot, exact) and
  * 2 int16 otherwise ("pairs": vpdpwssd for int16 on VNNI, vpmaddwd on AVX2 for either precision,
  * int8 codes widened to int16 first; signed q8 codes as they are).
- * One activation row reads the blocks in place (int_row8): per block, 8 weight rows' dots against
- * the row's int16 codes (int8 codes widened), one accumulator per weight row, reduced together,
- * then the 8 rows' float steps side by side in one vector (lane r is row r's chain). */
+ * One or two activation rows read the blocks in place instead, once per row (int_row8): per
+ * block, 8 weight rows' dots against the row's int16 codes (int8 codes widened), one accumulator
+ * per weight row, reduced together, then the 8 rows' float steps side by side in one vector (lane
+ * r is row r's chain). */
 #define IMB 256 /* activation rows per block: their codes stay in L2 across the weight tiles */
 
 typedef struct {
