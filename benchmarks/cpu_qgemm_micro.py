@@ -71,8 +71,8 @@ def build_other(spec: str, tmp: Path) -> ctypes.CDLL:
     if cc is None:
         raise SystemExit("no C compiler on PATH")
     lib_path = tmp / f"lib_{abs(hash(spec))}.so"
-    subprocess.run([cc, *FLAG_SETS[0], "-shared", "-fPIC", "-o", str(lib_path), str(src), "-lm"],
-                   check=True)
+    subprocess.run([cc, *FLAG_SETS[0], "-shared", "-fPIC", "-I", str(SOURCE.parent), "-o",
+                    str(lib_path), str(src), "-lm"], check=True)  # -I: the kernels' headers
     lib = ctypes.CDLL(str(lib_path))
     for name, argtypes in kernels._SIGNATURES.items():
         if hasattr(lib, name):  # an older source may lack newer kernels (and have others)

@@ -7,9 +7,10 @@ exact integer block dot products), which the tests check too: a tile, a tail or 
 set that summed differently would show up as a difference. The integer paths are also compared
 bit for bit with an independent torch emulation of their arithmetic (``_integer_reference``).
 
-Shapes cover the tiles' remainders: weight rows N around the 16-row int8 tiles and 4-row float
-chunks, activation rows M around the 8- and 6-row register tiles, the 64-row float blocks and the
-256-row int8 blocks, K of 1 to 18 blocks."""
+Shapes cover the tiles' remainders: weight rows N around the 16-row integer tiles, the 8-row in-
+place blocks and 4-row float chunks, activation rows M around the in-place path's pairs (up to 4
+rows), the 8- and 6-row register tiles, the 64-row float blocks and the 256-row int8 blocks, K of 1
+to 18 blocks."""
 
 from __future__ import annotations
 
@@ -184,7 +185,7 @@ def _check(y: torch.Tensor, x: torch.Tensor, w: QWeight, bias: torch.Tensor | No
 
 
 CASES = [  # (N, K, M)
-    (1, 32, 1), (5, 64, 1), (37, 160, 1), (3, 64, 2), (15, 96, 7), (16, 160, 8), (17, 160, 9), (37, 576, 13), (50, 128, 33),
+    (1, 32, 1), (5, 64, 1), (37, 160, 1), (3, 64, 2), (21, 96, 3), (40, 160, 5), (17, 64, 6), (15, 96, 7), (16, 160, 8), (17, 160, 9), (37, 576, 13), (50, 128, 33),
     (33, 64, 67), (20, 576, 131),
 ]
 

@@ -705,19 +705,19 @@ static void fgemm_rows(int kind, const float *x, int64_t x_stride, int M, int K,
  *     acc = fma((float)dot_b, dw_b * dx_b, acc);  q4 only: acc = fma(mw_b, sx_b, acc)
  *     y[m, n] = acc (+ bias[n])
  * The integer dot does not depend on how it is computed, and the float steps are the same scalar
- * operations in every path (AVX-512 VNNI tiles, AVX2 tiles, the one-row path, portable C, any
+ * operations in every path (AVX-512 VNNI tiles, AVX2 tiles, the in-place path, portable C, any
  * thread or tile position), so a row's result is the same bits whatever the batch, and the same
  * in every build.
- * Tiles (three or more rows): TW weight rows are repacked once per call into a buffer whose vectors
+ * Tiles (five or more rows): TW weight rows are repacked once per call into a buffer whose vectors
  * hold one group of codes of the TW rows side by side, run against up to IMR activation rows
  * broadcast a group at a time. A group is 4 bytes for int8 on VNNI ("quads": vpdpbusd, u8 x s8;
  * q8 codes are stored as q + 128 and 128 sum(qx) is subtracted from the integer dot, exact) and
  * 2 int16 otherwise ("pairs": vpdpwssd for int16 on VNNI, vpmaddwd on AVX2 for either precision,
  * int8 codes widened to int16 first; signed q8 codes as they are).
- * One or two activation rows read the blocks in place instead, once per row (int_row8): per
- * block, 8 weight rows' dots against the row's int16 codes (int8 codes widened), one accumulator
- * per weight row, reduced together, then the 8 rows' float steps side by side in one vector (lane
- * r is row r's chain). */
+ * Up to four activation rows read the blocks in place instead, two rows per pass (int_rows8):
+ * per block, 8 weight rows' codes widened to int16 once, their dots against each row's int16
+ * codes (int8 codes widened) into one accumulator per weight row, the 8 reduced together, then
+ * the 8 rows' float steps side by side in one vector (lane r is weight row r's chain). */
 #define IMB 256 /* activation rows per block: their codes stay in L2 across the weight tiles */
 
 typedef struct {
@@ -878,23 +878,28 @@ static inline void scales8(const char *base, int64_t stride, __m256 *dw, __m256 
 #endif
 }
 
-/* One activation row (int16 codes x16, scales xd, xs) against weight rows [n0, n0 + 8), the
- * blocks read in place; y[0..7]. */
-static void int_row8(int kind, const void *w, int nb, int n0, const int16_t *x16, const float *xd,
-                     const float *xs, float *y) {
+/* MR <= 2 activation rows (int16 codes x16 [MR][K], scales xd, xs [MR][nb]; row strides K, nb)
+ * against weight rows [n0, n0 + 8), the blocks read in place and widened once for both rows;
+ * y[m * y_stride + 0..7]. Inlined with a constant MR. */
+static inline __attribute__((always_inline)) void int_rows8(int kind, const void *w, int nb, int n0,
+                                                            const int16_t *x16, int K,
+                                                            const float *xd, const float *xs,
+                                                            int MR, float *y, int64_t y_stride) {
   int q4 = kind == 4;
   int64_t bsz = q4 ? (int64_t)sizeof(block_q4) : (int64_t)sizeof(block_q8), row = (int64_t)nb * bsz;
   const char *w0 = (const char *)w + n0 * row;
   /* the next tile's rows, a slice per block (see row_dots) */
   const char *next = w0 + 8 * row;
-  __m256 acc = _mm256_setzero_ps();
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int b = 0; b < nb; b++) {
     for (int64_t off = 8 * row * b / nb; off < 8 * row * (b + 1) / nb; off += 64)
       _mm_prefetch(next + off, _MM_HINT_T0);
-    __m256i xlo = _mm256_loadu_si256((const __m256i *)(x16 + (int64_t)b * QK));
-    __m256i xhi = _mm256_loadu_si256((const __m256i *)(x16 + (int64_t)b * QK + 16));
+    __m256i xlo[2], xhi[2], p[2][8];
+    for (int m = 0; m < MR; m++) {
+      xlo[m] = _mm256_loadu_si256((const __m256i *)(x16 + (int64_t)m * K + (int64_t)b * QK));
+      xhi[m] = _mm256_loadu_si256((const __m256i *)(x16 + (int64_t)m * K + (int64_t)b * QK + 16));
+    }
     const char *wb = w0 + (int64_t)b * bsz;
-    __m256i p[8];
     for (int r = 0; r < 8; r++) {
       const char *blk = wb + r * row;
       __m256i lo, hi;
@@ -907,14 +912,35 @@ static void int_row8(int kind, const void *w, int nb, int n0, const int16_t *x16
         lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)qs));
         hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16)));
       }
-      p[r] = DPW256(_mm256_madd_epi16(lo, xlo), hi, xhi);
+      for (int m = 0; m < MR; m++) p[m][r] = DPW256(_mm256_madd_epi16(lo, xlo[m]), hi, xhi[m]);
     }
     __m256 dw, mw;
     scales8(wb, row, &dw, &mw);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8_epi32(p)), _mm256_mul_ps(dw, _mm256_set1_ps(xd[b])), acc);
-    if (q4) acc = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[b]), acc);
+    for (int m = 0; m < MR; m++) {
+      int64_t mb = (int64_t)m * nb + b;
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8_epi32(p[m])), _mm256_mul_ps(dw, _mm256_set1_ps(xd[mb])), acc[m]);
+      if (q4) acc[m] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[mb]), acc[m]);
+    }
   }
-  _mm256_storeu_ps(y, acc);
+  for (int m = 0; m < MR; m++) _mm256_storeu_ps(y + m * y_stride, acc[m]);
+}
+
+/* Rows [m0, m0 + mr) (mr <= 2) of the product against weight rows [n0, n1) by int_rows8, the tail
+ * of fewer than 8 weight rows by the scalar steps. */
+static void int_rows(int kind, const void *w, const i8_act *a, const int16_t *x16, int m0, int mr,
+                     int n0, int n1, float *y, int64_t y_stride) {
+  int nb = a->nb, K = a->K, n = n0;
+  const int16_t *xm = x16 + (int64_t)m0 * K;
+  const float *xd = a->d + (int64_t)m0 * nb, *xs = a->s + (int64_t)m0 * nb;
+  float *ym = y + (int64_t)m0 * y_stride;
+  for (; n + 8 <= n1; n += 8) {
+    if (mr == 2)
+      int_rows8(kind, w, nb, n, xm, K, xd, xs, 2, ym + n, y_stride);
+    else
+      int_rows8(kind, w, nb, n, xm, K, xd, xs, 1, ym + n, y_stride);
+  }
+  for (; n < n1; n++)
+    for (int m = 0; m < mr; m++) ym[(int64_t)m * y_stride + n] = int_dot_ref(kind, w, n, a, m0 + m);
 }
 
 /* One row's block as 32 code bytes in k order (q4: 0..15; q8: q, or q + 128 with u8). */
@@ -1131,9 +1157,11 @@ static void i8_gemm(int kind, const i8_act *a, int M, const void *w, const float
                     int n1, float *y, int64_t y_stride) {
   int nb = a->nb, K = a->K;
 #ifdef __AVX2__
-  int q4 = kind == 4, quads = 0;
+  /* up to in_place activation rows: int_rows instead of the tiles (measured: faster at 2-4 rows,
+   * about even at 5-6 with int16 codes, slower at 5-6 than int8's quad tiles) */
+  int q4 = kind == 4, quads = 0, in_place = 4;
 #ifdef I8_VNNI
-  quads = a->q16 == NULL && M > 2; /* int8 tiles: vpdpbusd on the codes as they are */
+  quads = a->q16 == NULL && M > in_place; /* int8 tiles: vpdpbusd on the codes as they are */
 #endif
   const int16_t *x16 = a->q16;
   if (!x16 && !quads) { /* int8 codes widened to int16 (exact) */
@@ -1141,15 +1169,8 @@ static void i8_gemm(int kind, const i8_act *a, int M, const void *w, const float
     for (int64_t i = 0; i < (int64_t)M * K; i++) t[i] = a->q[i];
     x16 = t;
   }
-  if (M <= 2) { /* the blocks read in place, once per row (cheaper than a repack here) */
-    for (int m = 0; m < M; m++) {
-      const int16_t *xm = x16 + (int64_t)m * K;
-      const float *xd = a->d + (int64_t)m * nb, *xs = a->s + (int64_t)m * nb;
-      float *ym = y + (int64_t)m * y_stride;
-      int n = n0;
-      for (; n + 8 <= n1; n += 8) int_row8(kind, w, nb, n, xm, xd, xs, ym + n);
-      for (; n < n1; n++) ym[n] = int_dot_ref(kind, w, n, a, m);
-    }
+  if (M <= in_place) { /* the blocks read in place, two activation rows at a time */
+    for (int m = 0; m < M; m += 2) int_rows(kind, w, a, x16, m, M - m < 2 ? M - m : 2, n0, n1, y, y_stride);
   } else {
     uint8_t *buf = (uint8_t *)scratch_get(&tl_w, (size_t)nb * (tile_block(quads) + 2 * TW * sizeof(float)));
     float out[IMR * TW];
