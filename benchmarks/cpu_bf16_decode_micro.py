@@ -3,7 +3,7 @@ in one native call), this checkout's library against the one built from a git re
 alternating, in one run.
 
     python benchmarks/cpu_bf16_decode_micro.py --rev 95f99ae [--batch 1 32] [--context 160]
-                                               [--threads 1 2] [--rounds 2]
+                                               [--threads 1 2] [--rounds 2] [--mixed N]
 
 SmolLM2-135M's shapes (30 layers, hidden 576, 9 query / 3 KV heads of 64, MLP 1536, vocabulary
 49,152) with random bf16 weights and a random bf16 KV cache of ``--context`` tokens per sequence
@@ -62,7 +62,7 @@ class Stack:
             return kb.pack((torch.randn(n, k, generator=g) * k ** -0.5).bfloat16())
 
         per = (context + 8 + PAGE - 1) // PAGE
-        shape = (batch * per + 1, PAGE, KV_HEADS, HEAD_DIM)
+        shape = (batch * per + 1 + 2048 // PAGE, PAGE, KV_HEADS, HEAD_DIM)  # + a 2048-token prompt
         self.keep: list = []
         self.table = (kb.Layer * LAYERS)()
         for i in range(LAYERS):
@@ -89,6 +89,35 @@ class Stack:
         self.h0 = torch.randn(batch, HIDDEN, generator=g)
         self.batch = batch
 
+    def mixed_step(self, fn, threads: int, prefill: int) -> float:
+        """The batch's rows as decode rows plus one new sequence of ``prefill`` tokens, through
+        ``infer_bf16_forward_layers`` (the chunked-prefill step a busy server runs)."""
+        import torch
+
+        b, per = self.batch, self.bt.shape[1]
+        first = int(self.bt.max()) + 1
+        pages = (prefill + PAGE - 1) // PAGE
+        extra = torch.arange(first, first + pages, dtype=torch.int32)
+        width = max(per, pages)
+        bt = torch.zeros(b + 1, width, dtype=torch.int32)
+        bt[:b, :per] = self.bt
+        bt[b, :pages] = extra
+        lens = torch.cat([self.lens, torch.tensor([prefill], dtype=torch.int32)])
+        ext = torch.tensor([1] * b + [prefill], dtype=torch.int32)
+        pos = torch.cat([self.pos, torch.arange(prefill)])
+        slots = torch.cat([self.slots, torch.tensor([int(extra[i // PAGE]) * PAGE + i % PAGE
+                                                     for i in range(prefill)], dtype=torch.int64)])
+        rows = torch.cat([torch.arange(b), torch.tensor([b + prefill - 1])]).long()
+        h = torch.cat([self.h0, torch.randn(prefill, HIDDEN)])
+        logits = torch.empty(b + 1, VOCAB)
+        t = time.perf_counter()
+        fn(self.table, LAYERS, h.data_ptr(), b + prefill, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER,
+           1e-5, pos.data_ptr(), self.cos_sin.data_ptr(), HEAD_DIM, slots.data_ptr(),
+           bt.data_ptr(), bt.stride(0), lens.data_ptr(), ext.data_ptr(), b + 1, PAGE,
+           HEAD_DIM ** -0.5, threads, self.final_norm.data_ptr(), 1e-5, self.lm.data.data_ptr(),
+           VOCAB, rows.data_ptr(), b + 1, logits.data_ptr())
+        return time.perf_counter() - t
+
     def step(self, fn, threads: int) -> float:
         h = self.h0.clone()
         t = time.perf_counter()
@@ -108,15 +137,19 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--mixed", type=int, default=0, metavar="N",
+                    help="time mixed steps instead: the batch's decode rows plus an N-token prompt "
+                         "(infer_bf16_forward_layers; the baseline revision needs it)")
     args = ap.parse_args()
 
     from infer_cpu.kernels import bf16 as kb
 
     with tempfile.TemporaryDirectory() as tmp:
         base = ctypes.CDLL(str(build_rev(args.rev, Path(tmp))))
-        libs = {args.rev: base.infer_bf16_decode_layers, "this tree": kb.load().infer_bf16_decode_layers}
+        name = "infer_bf16_forward_layers" if args.mixed else "infer_bf16_decode_layers"
+        libs = {args.rev: getattr(base, name), "this tree": getattr(kb.load(), name)}
         for fn in libs.values():
-            fn.argtypes = kb.SIGNATURES["infer_bf16_decode_layers"]
+            fn.argtypes = kb.SIGNATURES[name]
             fn.restype = None
         best: dict[tuple, float] = {}
         print(f"load average before: {os.getloadavg()[0]:.2f}")
@@ -125,10 +158,13 @@ def main() -> None:
             for _ in range(args.rounds):
                 for name, fn in libs.items():
                     for threads in args.threads:
-                        t = min(stack.step(fn, threads) for _ in range(args.steps))
+                        t = min((stack.mixed_step(fn, threads, args.mixed) if args.mixed
+                                 else stack.step(fn, threads)) for _ in range(args.steps))
                         key = (batch, threads, name)
                         best[key] = min(best.get(key, t), t)
         print(f"load average after: {os.getloadavg()[0]:.2f}")
+        what = f"decode rows + a {args.mixed}-token prompt" if args.mixed else "decode rows"
+        print(f"steps of {what}; tok/s counts the decode rows' tokens")
         print("| batch | threads | " + " | ".join(f"{n} (ms / tok/s)" for n in libs) + " | ratio |")
         print("| --- | --- | " + " | ".join("---" for _ in libs) + " | --- |")
         for batch in args.batch:

@@ -1,7 +1,8 @@
 """The bf16 stack over extend rows (``infer_bf16_forward_layers``: prefill, extend over a cached
 prefix and decode rows in one batch, every layer, the final norm and the LM head on chosen rows)
-against a plain-torch forward with the same rounding points: GEMM inputs, queries, the KV cache
-and the attention's probabilities in bf16, the residual stream and sums in float32. Random
+against a plain-torch forward with the same rounding points: GEMM inputs, the KV cache and, for
+sequences of several rows, the queries and the attention's probabilities in bf16 (one-row
+sequences take the decode attention in float32); the residual stream and sums in float32. Random
 layers with GQA, qkv bias, partial rotary and odd sizes; shuffled pages of 4 tokens."""
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def _reference(d: Dims, layers, h, seqs, tables, cos_sin, kcs, vcs, eps, scale) 
         kflat, vflat = kc.view(-1, d.kv_heads, d.head_dim), vc.view(-1, d.kv_heads, d.head_dim)
         kflat[slots] = k.bfloat16()
         vflat[slots] = v.bfloat16()
-        q = _bf(q).double()
+        qf, q = q.double(), _bf(q).double()  # one-row sequences keep float32 queries (below)
         outs, row = [], 0
         for (p, e), tbl in zip(seqs, tables, strict=True):
             n = p + e
@@ -56,9 +57,14 @@ def _reference(d: Dims, layers, h, seqs, tables, cos_sin, kcs, vcs, eps, scale) 
             vals = vflat[idx].double().repeat_interleave(g, dim=1).transpose(0, 1)
             for r in range(e):
                 seen = p + r + 1
-                s = (q[row + r][:, None, :] @ keys[:, :seen].transpose(1, 2))[:, 0] * scale
+                # a sequence of one row (a decode row) takes the decode attention: float32 query
+                # and probabilities; longer ones the prefill attention: bf16 query, probabilities
+                # rounded to bf16 before P.V
+                qr = qf[row + r] if e == 1 else q[row + r]
+                s = (qr[:, None, :] @ keys[:, :seen].transpose(1, 2))[:, 0] * scale
                 ex = torch.exp(s - s.max(-1, keepdim=True).values)  # [H, seen]
-                o = (_bf(ex.float()).double()[:, None, :] @ vals[:, :seen])[:, 0] / ex.sum(-1, keepdim=True)
+                pv = ex if e == 1 else _bf(ex.float()).double()
+                o = (pv[:, None, :] @ vals[:, :seen])[:, 0] / ex.sum(-1, keepdim=True)
                 outs.append(o.reshape(hd).float())
             row += e
         a = _bf(torch.stack(outs))
@@ -132,7 +138,7 @@ def _check(d: Dims, seqs: list[tuple[int, int]], threads: int, seed: int, logit_
 SEQS = {
     "prefill": [(0, 7), (0, 33), (0, 1)],  # the 32-row query blocks and their tails
     "extend_over_prefix": [(9, 5), (30, 40), (3, 1)],
-    "mixed_with_decode_rows": [(17, 1), (0, 12), (5, 1), (40, 3)],
+    "mixed_with_decode_rows": [(17, 1), (0, 12), (5, 1), (8, 2), (40, 3)],
 }
 
 

@@ -674,10 +674,10 @@ static inline __m512 reduce16x16(const __m512 v[16]) {
  * accumulators) in registers: scores 16 keys at a time (each key's G lane-wise products kept,
  * then reduced together), the softmax numerators in place, then o_h = sum_j e_hj v_j / sum_j e_hj.
  * Inlined with constant NC and G. */
-static inline __attribute__((always_inline)) void attend_regs(const bf16_attn *a, int b, int g,
-                                                               float *s, int NC, int G) {
+static inline __attribute__((always_inline)) void attend_regs(const bf16_attn *a, int r, int b,
+                                                               int g, float *s, int NC, int G) {
   int D = a->D, L = a->seq_lens[b];
-  const float *q = a->q + b * a->q_stride + (int64_t)g * G * D;
+  const float *q = a->q + r * a->q_stride + (int64_t)g * G * D;
   const int32_t *bt = a->block_tables + b * a->bt_stride;
   int64_t row = (int64_t)a->Hkv * D;
   __m512 qv[4][8], part[4][16], acc[4][8];
@@ -718,7 +718,7 @@ static inline __attribute__((always_inline)) void attend_regs(const bf16_attn *a
       for (int c = 0; c < NC; c++) acc[h][c] = _mm512_fmadd_ps(p, vv[c], acc[h][c]);
     }
   }
-  bf16 *dst = a->out + (int64_t)b * a->H * D + (int64_t)g * G * D;
+  bf16 *dst = a->out + (int64_t)r * a->H * D + (int64_t)g * G * D;
   for (int h = 0; h < G; h++)
     for (int c = 0; c < NC; c++)
       _mm256_storeu_si256((__m256i *)(dst + h * D + 16 * c),
@@ -726,25 +726,28 @@ static inline __attribute__((always_inline)) void attend_regs(const bf16_attn *a
 }
 #endif
 
-static void attend_unit(const bf16_attn *a, int u, float *s, float *o) {
-  int b = u / a->Hkv, g = u % a->Hkv, G = a->H / a->Hkv, D = a->D, L = a->seq_lens[b];
+/* Query row r (q and out) of sequence b (its length and pages), KV head g's query heads over
+ * the sequence's keys: the decode attention. s: scratch of (H / Hkv) * seq_len floats; o: of
+ * (H / Hkv) * D floats. */
+static void attend_row(const bf16_attn *a, int r, int b, int g, float *s, float *o) {
+  int G = a->H / a->Hkv, D = a->D, L = a->seq_lens[b];
 #if defined(__AVX512F__)
   /* register budget: G NC queries + G NC accumulators + NC loads (+ 16 G partials, spilled) */
   switch (D == 64 && G <= 4 ? G : D == 128 && G <= 2 ? 4 + G : D == 32 && G <= 4 ? 6 + G : 0) {
-    case 1: attend_regs(a, b, g, s, 4, 1); return;
-    case 2: attend_regs(a, b, g, s, 4, 2); return;
-    case 3: attend_regs(a, b, g, s, 4, 3); return;
-    case 4: attend_regs(a, b, g, s, 4, 4); return;
-    case 5: attend_regs(a, b, g, s, 8, 1); return;
-    case 6: attend_regs(a, b, g, s, 8, 2); return;
-    case 7: attend_regs(a, b, g, s, 2, 1); return;
-    case 8: attend_regs(a, b, g, s, 2, 2); return;
-    case 9: attend_regs(a, b, g, s, 2, 3); return;
-    case 10: attend_regs(a, b, g, s, 2, 4); return;
+    case 1: attend_regs(a, r, b, g, s, 4, 1); return;
+    case 2: attend_regs(a, r, b, g, s, 4, 2); return;
+    case 3: attend_regs(a, r, b, g, s, 4, 3); return;
+    case 4: attend_regs(a, r, b, g, s, 4, 4); return;
+    case 5: attend_regs(a, r, b, g, s, 8, 1); return;
+    case 6: attend_regs(a, r, b, g, s, 8, 2); return;
+    case 7: attend_regs(a, r, b, g, s, 2, 1); return;
+    case 8: attend_regs(a, r, b, g, s, 2, 2); return;
+    case 9: attend_regs(a, r, b, g, s, 2, 3); return;
+    case 10: attend_regs(a, r, b, g, s, 2, 4); return;
     default: break;
   }
 #endif
-  const float *q = a->q + b * a->q_stride + (int64_t)g * G * D;
+  const float *q = a->q + r * a->q_stride + (int64_t)g * G * D;
   const int32_t *bt = a->block_tables + b * a->bt_stride;
   int64_t row = (int64_t)a->Hkv * D;
   for (int j = 0; j < L; j++) {
@@ -765,8 +768,13 @@ static void attend_unit(const bf16_attn *a, int u, float *s, float *o) {
     const bf16 *v = a->v_cache + slot * row + (int64_t)g * D;
     for (int h = 0; h < G; h++) axpy_v(o + h * D, s[h * L + j], v, D);
   }
-  bf16 *dst = a->out + (int64_t)b * a->H * D + (int64_t)g * G * D;
+  bf16 *dst = a->out + (int64_t)r * a->H * D + (int64_t)g * G * D;
   for (int i = 0; i < G * D; i++) dst[i] = f32_to_bf16(o[i]);
+}
+
+/* Unit u = (sequence b, KV head g) of a decode batch (row b is sequence b). */
+static void attend_unit(const bf16_attn *a, int u, float *s, float *o) {
+  attend_row(a, u / a->Hkv, u / a->Hkv, u % a->Hkv, s, o);
 }
 
 /* ---- prefill / extend attention over a paged bf16 cache (the per-op path's backend) ----
@@ -902,11 +910,19 @@ typedef struct {
   bf16 *kpack, *vpack;  /* every (sequence, KV group)'s packed keys (pack_kv) */
   int64_t *kofs, *vofs; /* [n_seqs Hkv + 1]: where (s, g)'s are, elements */
   size_t kcap, vcap;    /* what kpack, vpack hold, elements */
+  /* optional: sequences of one row (decode rows in an extend batch) take the decode attention
+   * instead (attend_row: no packing), with float32 queries dec->q [rows, q_stride] and scratch
+   * dec_s / dec_o per worker */
+  const bf16_attn *dec;
+  float *const *dec_s, *const *dec_o;
 } pf_job;
+
+static int pf_decode_row(const pf_job *j, int s) { return j->dec != NULL && j->a->ext_lens[s] == 1; }
 
 static void pack_job_unit(void *p, int u, int worker) { /* u = s Hkv + g */
   const pf_job *j = (const pf_job *)p;
   (void)worker;
+  if (pf_decode_row(j, u / j->a->Hkv)) return;
   pack_kv(j->a, u / j->a->Hkv, u % j->a->Hkv, j->kpack + j->kofs[u], j->vpack + j->vofs[u]);
 }
 
@@ -918,6 +934,10 @@ static void prefill_job_unit(void *p, int u, int worker) {
   while (j->unit0[s + 1] <= u) s++;
   int i = u - j->unit0[s], ext = j->a->ext_lens[s], qb = i / j->a->Hkv, g = i % j->a->Hkv;
   int t0 = qb * QB, t1 = t0 + QB < ext ? t0 + QB : ext, sg = s * j->a->Hkv + g;
+  if (pf_decode_row(j, s)) {
+    attend_row(j->dec, j->a->row0[s], s, g, j->dec_s[worker], j->dec_o[worker]);
+    return;
+  }
   prefill_unit(j->a, s, g, t0, t1, j->w + worker, j->kpack + j->kofs[sg], j->vpack + j->vofs[sg]);
 }
 
@@ -931,7 +951,7 @@ static void pf_attend(pf_job *j, int nt) {
   j->vofs = (int64_t *)realloc(j->vofs, sizeof(int64_t) * (size_t)(n + 1));
   j->kofs[0] = j->vofs[0] = 0;
   for (int u = 0; u < n; u++) {
-    int L = a->seq_lens[u / a->Hkv];
+    int L = pf_decode_row(j, u / a->Hkv) ? 0 : a->seq_lens[u / a->Hkv]; /* 0: not packed */
     j->kofs[u + 1] = j->kofs[u] + (int64_t)((L + CB - 1) / CB) * D2 * 32;
     j->vofs[u + 1] = j->vofs[u] + (int64_t)NBd * ((L + 1) / 2) * 32;
   }
@@ -1239,6 +1259,11 @@ static void run_layer(dec_job *j, int nt, pf_job *pf) {
     bf16_prefill *a = (bf16_prefill *)pf->a;
     a->k_cache = j->L->k_cache;
     a->v_cache = j->L->v_cache;
+    if (pf->dec != NULL) {
+      bf16_attn *d = (bf16_attn *)pf->dec;
+      d->k_cache = j->L->k_cache;
+      d->v_cache = j->L->v_cache;
+    }
     pf_attend(pf, nt);
   } else {
     pool_run(dec_attn_unit, j, ng * ceil_div(B, j->rows_a), nt);
@@ -1319,6 +1344,8 @@ static void run_stack(const infer_bf16_layer *layers, int n_layers, float *h, in
   /* extend rows: the prefill attention's job, its units and per-worker scratch */
   pf_job pf;
   bf16_prefill pa;
+  bf16_attn dat;
+  float *dec_s[POOL_MAX], *dec_o[POOL_MAX];
   int32_t *row0 = NULL, *unit0 = NULL;
   if (ext_lens) {
     j.qb = (bf16 *)malloc(sizeof(bf16) * (size_t)B * H * D);
@@ -1337,6 +1364,16 @@ static void run_stack(const infer_bf16_layer *layers, int n_layers, float *h, in
     pf.unit0 = unit0;
     pf.n_seqs = seqs;
     pf.w = (pf_scratch *)calloc((size_t)nt, sizeof(pf_scratch));
+    bf16_attn d0 = {j.qkv, qkv_w, NULL, NULL, block_tables, bt_stride, seq_lens, j.att, H, Hkv, D,
+                    page, scale};
+    dat = d0;
+    for (int i = 0; i < nt; i++) {
+      dec_s[i] = w[i].s;
+      dec_o[i] = w[i].o;
+    }
+    pf.dec = &dat;
+    pf.dec_s = dec_s;
+    pf.dec_o = dec_o;
   }
   for (int l = 0; l < n_layers; l++) {
     j.L = layers + l;
