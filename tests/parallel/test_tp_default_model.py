@@ -4,8 +4,15 @@ greedy tokens of one rank. tp=3, not 2: the model has 9 query heads and 3 KV hea
 not divide (that is a start-up error, tested in test_shard.py); at 3 every split of a weight's
 input columns (576/3, 1536/3) falls on a 32-weight block boundary, so each rank's kernels read
 the file's blocks as they are. Both paths run: the per-op path and the native decode graph (each
-decode step one native call, the all-reduces in C), within 1e-4 of one rank's logits, and equal to
-each other bit for bit on each rank."""
+decode step one native call, the all-reduces in C), close to one rank's logits, and equal to
+each other bit for bit on each rank.
+
+How close depends on the activation precision, since the split reorders the row-parallel layers'
+sums (each rank sums its blocks, the all-reduce the ranks' partials): float32 activations chain
+one FMA per weight over dequantized weights (1.2e-6 of the logits' scale measured); the integer
+paths (int16, the default) add d * dot(q, x) and m * sum(x) per Q4_1 block, two terms that nearly
+cancel (m ~ -8 d), so a reordered sum moves further (2.2e-4 measured) -- still far below what a
+wrong shard, head or all-reduce gives (the tokens differ)."""
 
 from __future__ import annotations
 
@@ -31,6 +38,9 @@ def test_default_model_tp3_native_kernels_and_graph_match_one_rank():
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     prompts = [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True,
                                        tokenize=True, return_dict=True)["input_ids"] for c in CHATS]
+    from infer_cpu.quant.methods import activation_precision
+
+    tol = 1e-5 if activation_precision() == "float32" else 1e-3
     ranks = run_ranks(native_greedy_on_rank, 3, str(path), prompts, MAX_NEW)
     ref = run_ranks(native_greedy_on_rank, 1, str(path), prompts, MAX_NEW)[0]
     assert ref["kinds"] == {"native"} and ref["graph_steps"] > 0
@@ -46,6 +56,6 @@ def test_default_model_tp3_native_kernels_and_graph_match_one_rank():
                                     f"!= one rank {[tok.decode(g) for g in ref_gen]}")
             for i, (got, want) in enumerate(zip(logits, ref["per_op"][1], strict=True)):
                 err = ((got - want).abs().max() / want.abs().max()).item()
-                assert err < 1e-4, f"rank {rank} ({path_name}) seq {i}: logits error {err:.2e}"
+                assert err < tol, f"rank {rank} ({path_name}) seq {i}: logits error {err:.2e}"
         # on the same shard the graph and the per-op path agree exactly
         assert all(torch.equal(a, b) for a, b in zip(r["graph"][1], r["per_op"][1], strict=True))
