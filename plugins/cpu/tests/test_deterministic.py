@@ -1,6 +1,6 @@
 """--enable-deterministic-inference on the CPU: every component the batch-invariant kernels do
 not serve refuses at load with a message naming the flag (never a silent fallback); the native
-GGUF path at float32 activations accepts it."""
+GGUF path accepts it at every activation precision (int16, the default; float32; int8)."""
 
 from __future__ import annotations
 
