@@ -984,6 +984,19 @@ static void pf_free(pf_job *j, int nt) {
   free(j->vofs);
 }
 
+/* row0[s]: sequence s's first packed row; unit0[s]: its first prefill unit (Hkv per 32-row
+ * query block); both [n_seqs + 1], malloc'ed here. */
+static void pf_offsets(const int32_t *ext_lens, int n_seqs, int Hkv, int32_t **row0,
+                       int32_t **unit0) {
+  *row0 = (int32_t *)malloc(sizeof(int32_t) * (size_t)(n_seqs + 1));
+  *unit0 = (int32_t *)malloc(sizeof(int32_t) * (size_t)(n_seqs + 1));
+  (*row0)[0] = (*unit0)[0] = 0;
+  for (int s = 0; s < n_seqs; s++) {
+    (*row0)[s + 1] = (*row0)[s] + ext_lens[s];
+    (*unit0)[s + 1] = (*unit0)[s] + Hkv * ((ext_lens[s] + QB - 1) / QB);
+  }
+}
+
 /* Write k, v [T, Hkv, D] (row strides k_stride, v_stride) at slots [T] of the bf16 caches, then
  * attend every query row of every sequence (above). out [T, H, D] bf16, contiguous. */
 void infer_bf16_prefill_attention(const bf16 *q, int64_t q_stride, const bf16 *k, int64_t k_stride,
@@ -997,13 +1010,8 @@ void infer_bf16_prefill_attention(const bf16 *q, int64_t q_stride, const bf16 *k
     memcpy(k_cache + slots[t] * row, k + (int64_t)t * k_stride, sizeof(bf16) * (size_t)row);
     memcpy(v_cache + slots[t] * row, v + (int64_t)t * v_stride, sizeof(bf16) * (size_t)row);
   }
-  int32_t *row0 = (int32_t *)malloc(sizeof(int32_t) * (size_t)(n_seqs + 1));
-  int32_t *unit0 = (int32_t *)malloc(sizeof(int32_t) * (size_t)(n_seqs + 1));
-  row0[0] = unit0[0] = 0;
-  for (int s = 0; s < n_seqs; s++) {
-    row0[s + 1] = row0[s] + ext_lens[s];
-    unit0[s + 1] = unit0[s] + Hkv * ((ext_lens[s] + QB - 1) / QB);
-  }
+  int32_t *row0, *unit0;
+  pf_offsets(ext_lens, n_seqs, Hkv, &row0, &unit0);
   bf16_prefill a = {q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, ext_lens,
                     row0, out, H, Hkv, D, page, scale};
   int nt = g_threads < POOL_MAX ? g_threads : POOL_MAX;
@@ -1235,10 +1243,15 @@ static void norm_rows_unit(void *p, int u, int worker) {
 
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-/* One layer as four pool jobs; between them the caller normalises rows or converts the
- * attention output, serially. A job's units write disjoint columns (or rows), so the only
- * waits are for units already taken: a helper kept off its core takes none. */
-static void norm_rows_unit(void *p, int u, int worker);
+/* xn[m] = the normed rows of h with the layer norm weight w (eps st->eps): by the caller for a
+ * few rows, a pool job from 64. */
+static void norm_rows(dec_job *j, const float *w, int nt) {
+  j->norm_w = w;
+  if (j->st->B >= 64)
+    pool_run(norm_rows_unit, j, ceil_div(j->st->B, 16), nt);
+  else
+    dec_norm_rows(j, w, j->st->eps);
+}
 
 /* One layer as four pool jobs (five over extend rows: the projections, then the attention);
  * between them the caller normalises rows or converts the attention output. A job's units
@@ -1248,11 +1261,7 @@ static void norm_rows_unit(void *p, int u, int worker);
 static void run_layer(dec_job *j, int nt, pf_job *pf) {
   const bf16_step *st = j->st;
   int B = st->B, att_w = st->H * st->D;
-  j->norm_w = j->L->in_norm;
-  if (B >= 64)
-    pool_run(norm_rows_unit, j, ceil_div(B, 16), nt);
-  else
-    dec_norm_rows(j, j->L->in_norm, st->eps);
+  norm_rows(j, j->L->in_norm, nt);
   int ng = j->split_heads ? st->Hkv : 1;
   if (pf != NULL) {
     pool_run(fwd_qkv_unit, j, ng * ceil_div(B, j->rows_a), nt);
@@ -1279,11 +1288,7 @@ static void run_layer(dec_job *j, int nt, pf_job *pf) {
     for (int m = 0; m < B; m++) act_row(j->att + (int64_t)m * att_w, 1, att_w, j->xn + m * j->as);
   int hb = ceil_div(st->hidden, CB), ib = ceil_div(st->inter, CB);
   pool_run(dec_o_unit, j, ceil_div(hb, j->per_h), nt);
-  j->norm_w = j->L->post_norm;
-  if (B >= 64)
-    pool_run(norm_rows_unit, j, ceil_div(B, 16), nt);
-  else
-    dec_norm_rows(j, j->L->post_norm, st->eps);
+  norm_rows(j, j->L->post_norm, nt);
   pool_run(dec_mlp_unit, j, j->split_inter ? ceil_div(ib, j->per_i) : 1, nt);
   pool_run(dec_down_unit, j, ceil_div(hb, j->per_h), nt);
 }
@@ -1349,13 +1354,7 @@ static void run_stack(const infer_bf16_layer *layers, int n_layers, float *h, in
   int32_t *row0 = NULL, *unit0 = NULL;
   if (ext_lens) {
     j.qb = (bf16 *)malloc(sizeof(bf16) * (size_t)B * H * D);
-    row0 = (int32_t *)malloc(sizeof(int32_t) * (size_t)(seqs + 1));
-    unit0 = (int32_t *)malloc(sizeof(int32_t) * (size_t)(seqs + 1));
-    row0[0] = unit0[0] = 0;
-    for (int s = 0; s < seqs; s++) {
-      row0[s + 1] = row0[s] + ext_lens[s];
-      unit0[s + 1] = unit0[s] + Hkv * ((ext_lens[s] + QB - 1) / QB);
-    }
+    pf_offsets(ext_lens, seqs, Hkv, &row0, &unit0);
     bf16_prefill a0 = {j.qb, (int64_t)H * D, NULL, NULL, block_tables, bt_stride, seq_lens,
                        ext_lens, row0, j.att, H, Hkv, D, page, scale};
     pa = a0;
