@@ -51,28 +51,44 @@ def _layer(d: Dims, g: torch.Generator) -> dict[str, torch.Tensor | None]:
             "bqkv": torch.randn(qkv_w, generator=g) * scale if d.bias else None}
 
 
-def _reference_step(d: Dims, layers, h, pos, slots, bt, seq_lens, page, cos_sin, kcs, vcs, eps,
-                    scale) -> torch.Tensor:
-    """One decode step in torch: h [B, hidden] float32 -> h after every layer (caches updated)."""
-    b, hd, g = h.shape[0], d.heads * d.head_dim, d.heads // d.kv_heads
+def _reference_forward(d: Dims, layers, h, seqs, tables, page, cos_sin, kcs, vcs, eps,
+                       scale) -> torch.Tensor:
+    """h [T, hidden] float32 of the packed rows -> h after every layer (caches updated).
+    seqs: (prefix, ext) per sequence; its rows sit at positions prefix .. prefix + ext - 1."""
+    hd, g = d.heads * d.head_dim, d.heads // d.kv_heads
+    pos = torch.cat([torch.arange(p, p + e) for p, e in seqs])
+    slots = torch.tensor([t[i // page] * page + i % page
+                          for (p, e), t in zip(seqs, tables, strict=True) for i in range(p, p + e)])
     for lw, kc, vc in zip(layers, kcs, vcs, strict=True):
         x = _bf(rms_norm_ref(h, lw["in_norm"], eps)[0])
         qkv = x @ lw["wqkv"].float().t() + (lw["bqkv"] if lw["bqkv"] is not None else 0)
-        q = qkv[:, :hd].reshape(b, d.heads, d.head_dim)
-        k = qkv[:, hd:hd + d.kv_heads * d.head_dim].reshape(b, d.kv_heads, d.head_dim)
-        v = qkv[:, hd + d.kv_heads * d.head_dim:].reshape(b, d.kv_heads, d.head_dim)
+        t = h.shape[0]
+        q = qkv[:, :hd].reshape(t, d.heads, d.head_dim)
+        k = qkv[:, hd:hd + d.kv_heads * d.head_dim].reshape(t, d.kv_heads, d.head_dim)
+        v = qkv[:, hd + d.kv_heads * d.head_dim:].reshape(t, d.kv_heads, d.head_dim)
         q, k = rotary_ref(pos, q, k, cos_sin, d.rot)
         kflat, vflat = kc.view(-1, d.kv_heads, d.head_dim), vc.view(-1, d.kv_heads, d.head_dim)
         kflat[slots] = k.bfloat16()
         vflat[slots] = v.bfloat16()
-        outs = []
-        for i in range(b):
-            n = int(seq_lens[i])
-            idx = torch.tensor([int(bt[i, j // page]) * page + j % page for j in range(n)])
-            keys = kflat[idx].float().repeat_interleave(g, dim=1).transpose(0, 1)  # [H, n, D]
-            vals = vflat[idx].float().repeat_interleave(g, dim=1).transpose(0, 1)
-            p = torch.softmax((q[i][:, None, :] @ keys.transpose(1, 2)) * scale, dim=-1)
-            outs.append((p @ vals).reshape(hd))  # [H * D]
+        qf, q = q.double(), _bf(q).double()  # one-row sequences keep float32 queries (below)
+        outs, row = [], 0
+        for (p, e), tbl in zip(seqs, tables, strict=True):
+            n = p + e
+            idx = torch.tensor([tbl[j // page] * page + j % page for j in range(n)])
+            keys = kflat[idx].double().repeat_interleave(g, dim=1).transpose(0, 1)  # [H, n, D]
+            vals = vflat[idx].double().repeat_interleave(g, dim=1).transpose(0, 1)
+            for r in range(e):
+                seen = p + r + 1
+                # a sequence of one row (a decode row) takes the decode attention: float32 query
+                # and probabilities; longer ones the prefill attention: bf16 query, probabilities
+                # rounded to bf16 before P.V
+                qr = qf[row + r] if e == 1 else q[row + r]
+                s = (qr[:, None, :] @ keys[:, :seen].transpose(1, 2))[:, 0] * scale
+                ex = torch.exp(s - s.max(-1, keepdim=True).values)  # [H, seen]
+                pv = ex if e == 1 else _bf(ex.float()).double()
+                o = (pv[:, None, :] @ vals[:, :seen])[:, 0] / ex.sum(-1, keepdim=True)
+                outs.append(o.reshape(hd).float())
+            row += e
         a = _bf(torch.stack(outs))
         h = h + a @ lw["wo"].float().t()
         x = _bf(rms_norm_ref(h, lw["post_norm"], eps)[0])
@@ -80,6 +96,16 @@ def _reference_step(d: Dims, layers, h, pos, slots, bt, seq_lens, page, cos_sin,
         a = _bf(F.silu(gu[:, :d.inter]) * gu[:, d.inter:])
         h = h + a @ lw["wdown"].float().t()
     return h
+
+
+
+def _reference_step(d: Dims, layers, h, bt, seq_lens, page, cos_sin, kcs, vcs, eps,
+                    scale) -> torch.Tensor:
+    """One decode step in torch: h [B, hidden] float32 -> h after every layer (caches updated):
+    the forward's one-row sequences."""
+    tables = [bt[i, :(n + page - 1) // page].tolist() for i, n in enumerate(seq_lens)]
+    return _reference_forward(d, layers, h, [(n - 1, 1) for n in seq_lens], tables, page, cos_sin,
+                              kcs, vcs, eps, scale)
 
 
 CASES = {
@@ -146,8 +172,8 @@ def _check_stack(d: Dims, threads: int, lib: ctypes.CDLL, seed: int,
     h0 = torch.randn(b, d.hidden, generator=g)
     scale = d.head_dim ** -0.5
     ref_k, ref_v = [c.clone() for c in kcs], [c.clone() for c in vcs]
-    want = _reference_step(d, layers, h0.clone(), pos, slots, bt, torch.tensor(seq_lens), page,
-                           cos_sin, ref_k, ref_v, eps, scale)
+    want = _reference_step(d, layers, h0.clone(), bt, seq_lens, page, cos_sin, ref_k, ref_v, eps,
+                           scale)
 
     packed = [{name: kb.pack(lw[name]) for name in ("wqkv", "wo", "wgu", "wdown")} for lw in layers]
     table = (kb.Layer * n_layers)()

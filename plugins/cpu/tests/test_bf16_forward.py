@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from infer.core.model.layers.rotary import rope_table
-from infer.core.ops.layer_ops import rms_norm_ref, rotary_ref
+from infer.core.ops.layer_ops import rms_norm_ref
 from infer_cpu.kernels import bf16 as kb
 
 _spec = importlib.util.spec_from_file_location("bf16_decode_cases", Path(__file__).with_name("test_bf16_decode.py"))
@@ -24,56 +23,11 @@ _dec = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = _dec  # dataclasses look their module up
 _spec.loader.exec_module(_dec)  # the decode stack's test: its layer dims and random layers
 CASES, Dims, _bf, _layer = _dec.CASES, _dec.Dims, _dec._bf, _dec._layer
+_reference = _dec._reference_forward
 
 pytestmark = pytest.mark.skipif(kb.load() is None, reason=f"bf16 kernels unavailable: {kb.detail()}")
 
 PAGE = 4
-
-
-def _reference(d: Dims, layers, h, seqs, tables, cos_sin, kcs, vcs, eps, scale) -> torch.Tensor:
-    """h [T, hidden] float32 of the packed rows -> h after every layer (caches updated).
-    seqs: (prefix, ext) per sequence; its rows sit at positions prefix .. prefix + ext - 1."""
-    hd, g = d.heads * d.head_dim, d.heads // d.kv_heads
-    pos = torch.cat([torch.arange(p, p + e) for p, e in seqs])
-    slots = torch.tensor([t[i // PAGE] * PAGE + i % PAGE
-                          for (p, e), t in zip(seqs, tables, strict=True) for i in range(p, p + e)])
-    for lw, kc, vc in zip(layers, kcs, vcs, strict=True):
-        x = _bf(rms_norm_ref(h, lw["in_norm"], eps)[0])
-        qkv = x @ lw["wqkv"].float().t() + (lw["bqkv"] if lw["bqkv"] is not None else 0)
-        t = h.shape[0]
-        q = qkv[:, :hd].reshape(t, d.heads, d.head_dim)
-        k = qkv[:, hd:hd + d.kv_heads * d.head_dim].reshape(t, d.kv_heads, d.head_dim)
-        v = qkv[:, hd + d.kv_heads * d.head_dim:].reshape(t, d.kv_heads, d.head_dim)
-        q, k = rotary_ref(pos, q, k, cos_sin, d.rot)
-        kflat, vflat = kc.view(-1, d.kv_heads, d.head_dim), vc.view(-1, d.kv_heads, d.head_dim)
-        kflat[slots] = k.bfloat16()
-        vflat[slots] = v.bfloat16()
-        qf, q = q.double(), _bf(q).double()  # one-row sequences keep float32 queries (below)
-        outs, row = [], 0
-        for (p, e), tbl in zip(seqs, tables, strict=True):
-            n = p + e
-            idx = torch.tensor([tbl[j // PAGE] * PAGE + j % PAGE for j in range(n)])
-            keys = kflat[idx].double().repeat_interleave(g, dim=1).transpose(0, 1)  # [H, n, D]
-            vals = vflat[idx].double().repeat_interleave(g, dim=1).transpose(0, 1)
-            for r in range(e):
-                seen = p + r + 1
-                # a sequence of one row (a decode row) takes the decode attention: float32 query
-                # and probabilities; longer ones the prefill attention: bf16 query, probabilities
-                # rounded to bf16 before P.V
-                qr = qf[row + r] if e == 1 else q[row + r]
-                s = (qr[:, None, :] @ keys[:, :seen].transpose(1, 2))[:, 0] * scale
-                ex = torch.exp(s - s.max(-1, keepdim=True).values)  # [H, seen]
-                pv = ex if e == 1 else _bf(ex.float()).double()
-                o = (pv[:, None, :] @ vals[:, :seen])[:, 0] / ex.sum(-1, keepdim=True)
-                outs.append(o.reshape(hd).float())
-            row += e
-        a = _bf(torch.stack(outs))
-        h = h + a @ lw["wo"].float().t()
-        x = _bf(rms_norm_ref(h, lw["post_norm"], eps)[0])
-        gu = x @ lw["wgu"].float().t()
-        a = _bf(F.silu(gu[:, :d.inter]) * gu[:, d.inter:])
-        h = h + a @ lw["wdown"].float().t()
-    return h
 
 
 def _check(d: Dims, seqs: list[tuple[int, int]], threads: int, seed: int, logit_rows=None) -> None:
@@ -99,7 +53,7 @@ def _check(d: Dims, seqs: list[tuple[int, int]], threads: int, seed: int, logit_
     h0 = torch.randn(t, d.hidden, generator=g)
     scale = d.head_dim ** -0.5 * 1.3  # not the default: a kernel ignoring it fails
     ref_k, ref_v = [c.clone() for c in kcs], [c.clone() for c in vcs]
-    want = _reference(d, layers, h0.clone(), seqs, tables, cos_sin, ref_k, ref_v, eps, scale)
+    want = _reference(d, layers, h0.clone(), seqs, tables, PAGE, cos_sin, ref_k, ref_v, eps, scale)
 
     packed = [{n: kb.pack(lw[n]) for n in ("wqkv", "wo", "wgu", "wdown")} for lw in layers]
     table = (kb.Layer * n_layers)()
