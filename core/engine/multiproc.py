@@ -53,9 +53,18 @@ _SYNC = b"sync"  # sent until every rank has joined the channel (PUB drops what 
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A local port that is free, with the one above it free too (the step channel's)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise OSError("no free pair of adjacent local ports")
 
 
 def init_addresses(cfg: EngineConfig) -> tuple[str, int]:
@@ -71,7 +80,7 @@ class RankProcess:
     """What every rank does: join the group, load its shard, size its pool."""
 
     def __init__(self, cfg: EngineConfig, platform_name: str, rank: int, host: str, port: int,
-                 platform: Any = None) -> None:
+                 platform: Any = None, store: Any = None) -> None:
         p = cfg.parallel
         self.cfg, self.rank, self.world = cfg, rank, p.world_size
         if platform is None:
@@ -82,8 +91,10 @@ class RankProcess:
         first, slots = p.local_slot
         platform.bind_local_rank(first + rank % (self.world // p.nnodes), slots)
         timeout = timedelta(seconds=p.dist_timeout or 600)
-        dist.init_process_group(platform.dist_backend, init_method=f"tcp://{host}:{port}",
-                                world_size=self.world, rank=rank, timeout=timeout)
+        if store is None:  # ranks 1..: clients of rank 0's rendezvous store
+            store = dist.TCPStore(host, port, self.world, is_master=False, timeout=timeout)
+        dist.init_process_group(platform.dist_backend, store=store, world_size=self.world,
+                                rank=rank, timeout=timeout)
         from infer.core.model.loader import load_model
 
         tp_rank, pp_rank = rank % p.tp_size, rank // p.tp_size
@@ -184,15 +195,20 @@ class MultiprocExecutor(Executor):
         self.cfg = cfg
         p = cfg.parallel
         host, port = init_addresses(cfg)
-        self.procs = self._start_ranks(cfg, platform, host, port)
-        self._stopping = False
-        self._watch = threading.Thread(target=self._watch_children, daemon=True)
-        self._watch.start()
+        # Both ports are taken before any rank starts: a local Ray, started by _start_ranks,
+        # binds ports of its own and could take a port chosen free but not yet bound.
         self.zmq = zmq.Context()
         self.pub = self.zmq.socket(zmq.PUB)
         self.pub.setsockopt(zmq.SNDHWM, 0)
         self.pub.bind(f"tcp://{'*' if p.nnodes > 1 or self.remote_ranks else host}:{port + 1}")
-        self.rank0 = RankProcess(cfg, platform.name, 0, host, port, platform=platform)
+        store = dist.TCPStore(host, port, p.world_size, is_master=True,
+                              timeout=timedelta(seconds=p.dist_timeout or 600),
+                              wait_for_workers=False)
+        self.procs = self._start_ranks(cfg, platform, host, port)
+        self._stopping = False
+        self._watch = threading.Thread(target=self._watch_children, daemon=True)
+        self._watch.start()
+        self.rank0 = RankProcess(cfg, platform.name, 0, host, port, platform=platform, store=store)
         self.loaded = self.rank0.loaded
         self.runner: ModelRunner | None = None
         self.publish_seconds = 0.0  # time spent handing inputs to the other ranks (benchmarks)
