@@ -10,6 +10,7 @@ scattered. LM head: 49152 x 576 Q8_0 rows against M float32 activation rows.
 
     python benchmarks/cpu_attn_micro.py --compare HEAD
     python benchmarks/cpu_attn_micro.py --compare /tmp/old.c -b 32 --page 1 16 --no-lm-head
+    python benchmarks/cpu_attn_micro.py --kv float32 bf16 -b 32 --page 16 --no-lm-head
 """
 
 from __future__ import annotations
@@ -43,10 +44,12 @@ def block_tables(b: int, seq_len: int, page: int) -> tuple[torch.Tensor, int]:
     return perm.view(b, per).to(torch.int32).contiguous(), b * per
 
 
-def attention_fn(lib: ctypes.CDLL, b: int, seq_len: int, page: int):
-    """One call per layer over 30 layers' caches (one decode step's attention)."""
+def attention_fn(lib: ctypes.CDLL, b: int, seq_len: int, page: int, kv16: bool = False):
+    """One call per layer over 30 layers' caches (one decode step's attention); ``kv16``: bf16
+    caches (``--kv-cache-dtype bf16``; libraries from before it take float32 caches only)."""
     tables, pages = block_tables(b, seq_len, page)
-    caches = [(torch.randn(pages, page, HKV, D), torch.randn(pages, page, HKV, D))
+    dt = torch.bfloat16 if kv16 else torch.float32
+    caches = [(torch.randn(pages, page, HKV, D).to(dt), torch.randn(pages, page, HKV, D).to(dt))
               for _ in range(LAYERS)]
     qkv = torch.randn(b, (H + 2 * HKV) * D)
     last = seq_len - 1
@@ -61,7 +64,7 @@ def attention_fn(lib: ctypes.CDLL, b: int, seq_len: int, page: int):
             lib.infer_paged_decode(q, w, k, w, v, w, kc.data_ptr(), vc.data_ptr(),
                                    slots.data_ptr(), tables.data_ptr(), tables.stride(0),
                                    lens.data_ptr(), out.data_ptr(), b, H, HKV, D, page,
-                                   D ** -0.5)
+                                   D ** -0.5, int(kv16))
     return step, (caches, tables, qkv, slots, lens, out)
 
 
@@ -87,7 +90,8 @@ def compare(label: str, fns: dict, rounds: int, budget: float) -> None:
         for name, fn in fns.items():
             best[name] = min(best[name], best_time(fn, budget))
     cells = [f"{name} {best[name] * 1e3:7.2f} ms" for name in fns]
-    ratios = [f"tree {best[name] / best['tree']:.2f}x {name}" for name in fns if name != "tree"]
+    base = "tree" if "tree" in fns else next(iter(fns))  # "A 1.20x B": A is 1.2 times as fast
+    ratios = [f"{base} {best[name] / best[base]:.2f}x {name}" for name in fns if name != base]
     print(f"{label} | " + " | ".join(cells) + (" | " + ", ".join(ratios) if ratios else ""))
 
 
@@ -100,6 +104,8 @@ def main() -> None:
     ap.add_argument("--page", type=int, nargs="+", default=[1, 16])
     ap.add_argument("-m", "--rows", type=int, nargs="+", default=[1, 32],
                     help="LM-head activation rows")
+    ap.add_argument("--kv", nargs="+", default=["float32"], choices=["float32", "bf16"],
+                    help="cache dtypes (bf16: the working tree's kernels only)")
     ap.add_argument("--no-attention", action="store_true")
     ap.add_argument("--no-lm-head", action="store_true")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; best is kept")
@@ -114,9 +120,13 @@ def main() -> None:
                 for s in args.seq_len:
                     for page in args.page:
                         fns, keep = {}, []
-                        for name, lib in libs.items():
-                            fns[name], k = attention_fn(lib, b, s, page)
-                            keep.append(k)
+                        for kv in args.kv:
+                            for name, lib in libs.items():
+                                if kv == "bf16" and name != "tree":
+                                    continue
+                                key = name if kv == "float32" else f"{name}-bf16"
+                                fns[key], k = attention_fn(lib, b, s, page, kv == "bf16")
+                                keep.append(k)
                         compare(f"attention x{LAYERS} B={b:2d} L={s:4d} page={page:2d}", fns,
                                 args.rounds, args.budget)
         if not args.no_lm_head:

@@ -25,6 +25,13 @@ def test_resolve_kv_dtype(value, expect):
     assert resolve_kv_dtype(value, torch.bfloat16) is expect
 
 
+def test_bf16_kv_cache_of_a_float32_model_is_bf16():
+    """SGLang's meaning: "bf16" stores bf16 whatever the model dtype; "auto" keeps the model's."""
+    assert resolve_kv_dtype("bf16", torch.float32) is torch.bfloat16
+    assert resolve_kv_dtype("bfloat16", torch.float32) is torch.bfloat16
+    assert resolve_kv_dtype("auto", torch.float32) is torch.float32
+
+
 def test_resolve_kv_dtype_refuses_fp4_and_unknown():
     with pytest.raises(NotImplementedError, match="fp4_e2m1"):
         resolve_kv_dtype("fp4_e2m1", torch.bfloat16)

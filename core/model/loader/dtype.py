@@ -29,19 +29,23 @@ def resolve_dtype(dtype: str | torch.dtype, config: Any, *, is_gguf: bool = Fals
 
 # --kv-cache-dtype values that store the cache in fp8 (per-tensor scales, 1.0 unless loaded)
 FP8_KV_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
-SAME_AS_MODEL_KV = ("auto", "bf16", "bfloat16")
+BF16_KV = ("bf16", "bfloat16")
 
 
 def resolve_kv_dtype(kv_cache_dtype: str, dtype: torch.dtype) -> torch.dtype:
-    """``--kv-cache-dtype`` -> the cache's storage dtype. "auto", "bf16" and "bfloat16" keep the
-    model dtype (``dtype``); "fp8_e4m3" / "fp8_e5m2" store fp8 (``fp8`` is aliased to fp8_e4m3
-    by the flag table before this)."""
-    if kv_cache_dtype in SAME_AS_MODEL_KV:
+    """``--kv-cache-dtype`` -> the cache's storage dtype. "auto" keeps the model dtype
+    (``dtype``); "bf16" / "bfloat16" store bf16 whatever the model dtype (SGLang's meaning: a
+    float32 model, such as a GGUF file's dequantised weights, keeps bf16 keys and values);
+    "fp8_e4m3" / "fp8_e5m2" store fp8 (``fp8`` is aliased to fp8_e4m3 by the flag table before
+    this)."""
+    if kv_cache_dtype == "auto":
         return dtype
+    if kv_cache_dtype in BF16_KV:
+        return torch.bfloat16
     if kv_cache_dtype in FP8_KV_DTYPES:
         return FP8_KV_DTYPES[kv_cache_dtype]
     if kv_cache_dtype == "fp4_e2m1":
         raise NotImplementedError("--kv-cache-dtype fp4_e2m1 is not implemented (no fp4 attention "
                                   "kernels); use --kv-cache-dtype fp8_e4m3 or auto")
     raise ValueError(f"--kv-cache-dtype {kv_cache_dtype!r} is not one of: "
-                     f"{', '.join(SAME_AS_MODEL_KV + tuple(FP8_KV_DTYPES))}, fp4_e2m1")
+                     f"{', '.join(('auto',) + BF16_KV + tuple(FP8_KV_DTYPES))}, fp4_e2m1")

@@ -4,7 +4,8 @@ A CUDA graph removes the launch cost of a decode step's many small kernels; on t
 cost is Python's: one decode step of a 30-layer model makes about 300 op calls from Python, each
 a few microseconds of interpreter and ctypes work around a kernel that often takes less. This
 runner "captures" the decoder stack once: it checks that every layer runs the plugin's native
-kernels (GGUF-block linear layers, native RMSNorm / rotary / paged attention, float32 KV cache)
+kernels (GGUF-block linear layers, native RMSNorm / rotary / paged attention, a float32 KV cache
+or a bf16 one, ``--kv-cache-dtype bf16``)
 and records each layer's weight and cache pointers in a C array. A decode step is then one
 native call for all layers (``infer_decode_layers``, the same kernels the per-op path calls, so
 both paths give identical numbers), plus the embedding lookup, final norm and LM head in torch.
@@ -19,8 +20,8 @@ head's all-gather happen in torch before and after the call, as on the per-op pa
 peer died gets an error from the call (``RuntimeError``), never a hang.
 
 A model it cannot run (another architecture or layer type, dense weights, a non-native
-attention backend, a float16 KV cache, pipeline parallelism) is left to the per-op path, and
-``reason`` says why. A bf16 model with a bf16 KV cache runs the bf16 stack of
+attention backend, a float16 or fp8 KV cache, pipeline parallelism) is left to the per-op path, and
+``reason`` says why. A bf16 model (bf16 weights and cache) runs the bf16 stack of
 ``infer_cpu.graph_bf16`` instead (bf16 weights on the native bf16 GEMM; one rank only), which
 also takes prefill / extend batches: every step of a bf16 model is one native call
 (``INFER_CPU_BF16_NATIVE_PREFILL=0`` leaves prefills to the per-op path).
@@ -84,14 +85,16 @@ class NativeDecodeGraph(GraphRunner):
             raise _Unsupported("pipeline parallelism (a stage sends and receives between layers)")
         if ctx.attention_backend_name != "torch_native":
             raise _Unsupported(f"attention backend {ctx.attention_backend_name!r}")
-        if mr.kv_cache.k[0].dtype == torch.bfloat16:
+        kv_dtype = mr.kv_cache.k[0].dtype
+        if kv_dtype == torch.bfloat16 and ctx.attn_backend.config.dtype != torch.float32:
             if tp != 1:
                 raise _Unsupported("tensor parallelism with a bf16 model (the bf16 stack runs "
                                    "one rank)")
             self._bf16 = BF16DecodeStack(mr)
             return
-        if mr.kv_cache.k[0].dtype != torch.float32:
-            raise _Unsupported(f"KV cache dtype {mr.kv_cache.k[0].dtype}")
+        if kv_dtype not in (torch.float32, torch.bfloat16):
+            raise _Unsupported(f"KV cache dtype {kv_dtype}")
+        self.kv16 = int(kv_dtype == torch.bfloat16)  # a float32 model's bf16 cache
         layers = list(getattr(getattr(model, "model", None), "layers", []))
         if not layers:
             raise _Unsupported("no decoder layers found")
@@ -217,7 +220,7 @@ class NativeDecodeGraph(GraphRunner):
                       self.heads, self.kv_heads, self.head_dim, self.inter, self.eps,
                       pos.data_ptr(), self.rotary.cos_sin.data_ptr(), self.rotary.rotary_dim,
                       slots.data_ptr(), bt.data_ptr(), bt.stride(0), seq_lens.data_ptr(),
-                      meta.page_size, self.scale, self._ar_fn, self._ar_state)
+                      meta.page_size, self.scale, self._ar_fn, self._ar_state, self.kv16)
         if rc:
             if self._ar_errors:
                 raise self._ar_errors.pop()

@@ -30,9 +30,9 @@ def _layer(dtype: torch.dtype, qtype: Q | None = Q.Q4_1) -> nn.Module:
     return layer
 
 
-def _attn_config(kv_dtype: torch.dtype) -> AttentionConfig:
+def _attn_config(kv_dtype: torch.dtype, dtype: torch.dtype = torch.float32) -> AttentionConfig:
     return AttentionConfig(num_heads=4, num_kv_heads=2, head_dim=32, scale=32 ** -0.5,
-                           page_size=4, dtype=torch.float32, kv_dtype=kv_dtype, device=CPU,
+                           page_size=4, dtype=dtype, kv_dtype=kv_dtype, device=CPU,
                            num_layers=1, deterministic=True)
 
 
@@ -59,9 +59,15 @@ def test_dense_and_int8wo_methods_are_refused():
             method.process_weights_after_loading(_layer(torch.float32, None))
 
 
-def test_attention_over_a_bf16_cache_is_refused():
+def test_attention_of_a_bf16_model_is_refused():
     with pytest.raises(ValueError, match="--enable-deterministic-inference"):
-        TorchNativeAttention(_attn_config(torch.bfloat16))
+        TorchNativeAttention(_attn_config(torch.bfloat16, torch.bfloat16))
     # without the flag the reference serves it
-    TorchNativeAttention(AttentionConfig(**{**_attn_config(torch.bfloat16).__dict__,
+    TorchNativeAttention(AttentionConfig(**{**_attn_config(torch.bfloat16, torch.bfloat16).__dict__,
                                             "deterministic": False}))
+
+
+@pytest.mark.skipif(kernels.load() is None, reason="needs the native kernels")
+def test_a_float32_model_over_a_bf16_cache_accepts_the_flag():
+    """float32 queries over a bf16 cache run the per-row native kernel (invariant)."""
+    TorchNativeAttention(_attn_config(torch.bfloat16))

@@ -12,7 +12,9 @@ pytestmark = pytest.mark.skipif(kernels.load() is None,
 
 
 @pytest.mark.slow
-def test_graph_matches_per_op_path_on_the_default_model(greedy):
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "bf16"])
+def test_graph_matches_per_op_path_on_the_default_model(greedy, kv_cache_dtype):
+    """With the float32 cache (auto) and a bf16 one (the graph's attention then reads bf16)."""
     from infer.core.config import ServerArgs
     from infer.core.engine.engine_core import EngineCore
     from infer.core.model.loader.default_model import ensure_default_model
@@ -23,9 +25,10 @@ def test_graph_matches_per_op_path_on_the_default_model(greedy):
     prompts = [list(range(200, 240)), list(range(300, 307)), list(range(500, 519)),
                list(range(700, 712)), list(range(900, 933))]
     counts = [16, 16, 16, 9, 5]
-    graph = EngineCore(ServerArgs(model_path=path, page_size=4))
+    graph = EngineCore(ServerArgs(model_path=path, page_size=4, kv_cache_dtype=kv_cache_dtype))
     runner = graph.runner.graph_runner
     assert runner is not None and runner.ok, getattr(runner, "reason", None)
+    assert runner.kv16 == (kv_cache_dtype == "bf16")
     calls = {"n": 0}
     run = runner.run
 
@@ -41,7 +44,8 @@ def test_graph_matches_per_op_path_on_the_default_model(greedy):
     if torch.get_num_threads() > 1:  # steps ran on 1 thread and on all (ThreadChoice measures both)
         assert {t for (_, t) in runner.threads._avg} == {1, torch.get_num_threads()}
     del graph
-    eager = EngineCore(ServerArgs(model_path=path, page_size=4, disable_cuda_graph=True))
+    eager = EngineCore(ServerArgs(model_path=path, page_size=4, disable_cuda_graph=True,
+                                  kv_cache_dtype=kv_cache_dtype))
     assert eager.runner.graph_runner is None
     assert greedy(eager, prompts, counts) == got
 

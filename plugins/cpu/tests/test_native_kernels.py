@@ -281,15 +281,58 @@ def test_paged_decode_gqa_groups_against_sdpa(h, hkv, d, seq_lens, page, threads
     torch.testing.assert_close(out, want, rtol=1e-5, atol=2e-6)
 
 
-def test_paged_decode_portable_c_against_sdpa(portable_lib):
+def _bf16_case(seq_lens: list[int], h: int, hkv: int, d: int, page: int, seed: int = 0):
+    """_paged_case with bf16 caches, and new keys whose first values sit on and next to the
+    rounding ties of bf16 (lower 16 bits 0x8000 with an even and an odd upper half, and either
+    side of a tie): truncation or ties-away would write other bits than torch's conversion."""
+    q, k, v, kc, vc, slots, tables = _paged_case(seq_lens, h, hkv, d, page, seed=seed)
+    ties = torch.tensor([0x3F808000, 0x3F818000, 0x3F80FFFF, 0x3F807FFF, -0x40818000],
+                        dtype=torch.int32).view(torch.float32)
+    k[0, 0, :5] = ties
+    v[-1, -1, -5:] = -ties
+    return q, k, v, kc.bfloat16(), vc.bfloat16(), slots, tables
+
+
+def _check_bf16_writes(k, v, kc, vc, slots):
+    """The new rows are torch's float -> bfloat16 conversion of k / v, bit for bit."""
+    hkv, d = kc.shape[2], kc.shape[3]
+    for new, cache in ((k, kc), (v, vc)):
+        got = cache.view(-1, hkv, d)[slots].view(torch.int16)
+        assert torch.equal(got, new.to(torch.bfloat16).view(torch.int16))
+
+
+@pytest.mark.parametrize(("h", "hkv", "d"), [(9, 3, 64), (8, 2, 32), (10, 2, 64), (6, 2, 16)])
+@pytest.mark.parametrize("page", [1, 16])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_paged_decode_over_a_bf16_cache(h, hkv, d, page, threads):
+    """A float32 model's bf16 cache (--kv-cache-dtype bf16): the new keys and values rounded to
+    nearest even as written, the attention over the cache's values exactly as stored (head dim
+    16: the portable path inside the AVX2 build)."""
+    seq_lens = [192, 1, 3, 66, 257]
+    q, k, v, kc, vc, slots, tables = _bf16_case(seq_lens, h, hkv, d, page, seed=page + d)
+    out = _paged_decode(q, k, v, kc, vc, slots, tables, seq_lens, page, threads)
+    _check_bf16_writes(k, v, kc, vc, slots)
+    want = _paged_reference(q, k.to(torch.bfloat16).float(), kc.float(), vc.float(), slots,
+                            tables, seq_lens, page)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("kv16", [0, 1])
+def test_paged_decode_portable_c_against_sdpa(portable_lib, kv16):
+    """The portable C path over a float32 cache and over a bf16 one."""
     seq_lens = [9, 1, 40]
-    q, k, v, kc, vc, slots, tables = _paged_case(seq_lens, 9, 3, 64, 4, seed=3)
+    q, k, v, kc, vc, slots, tables = (_bf16_case if kv16 else _paged_case)(seq_lens, 9, 3, 64, 4,
+                                                                            seed=3)
     out, lens = torch.empty(q.shape), torch.tensor(seq_lens, dtype=torch.int32)
     portable_lib.infer_paged_decode(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0),
                                     v.data_ptr(), v.stride(0), kc.data_ptr(), vc.data_ptr(),
                                     slots.data_ptr(), tables.data_ptr(), tables.stride(0),
-                                    lens.data_ptr(), out.data_ptr(), 3, 9, 3, 64, 4, 64 ** -0.5)
-    want = _paged_reference(q, k, kc, vc, slots, tables, seq_lens, 4)
+                                    lens.data_ptr(), out.data_ptr(), 3, 9, 3, 64, 4, 64 ** -0.5,
+                                    kv16)
+    if kv16:
+        _check_bf16_writes(k, v, kc, vc, slots)
+        k = k.to(torch.bfloat16).float()
+    want = _paged_reference(q, k, kc.float(), vc.float(), slots, tables, seq_lens, 4)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=2e-6)
 
 

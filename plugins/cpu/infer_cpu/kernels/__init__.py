@@ -55,9 +55,9 @@ _SIGNATURES = {
     "infer_rope": [_P, _P, _L, _I, _P, _L, _I, _I, _I, _I, _P],
     "infer_silu_mul": [_P, _L, _P, _I, _I],
     "infer_paged_decode": [_P, _L, _P, _L, _P, _L, _P, _P, _P, _P, _L, _P, _P, _I, _I, _I, _I,
-                           _I, _F],
+                           _I, _F, _I],
     "infer_decode_layers": [ctypes.POINTER(Layer), _I, _P, _I, _I, _I, _I, _I, _I, _F, _P, _P, _I,
-                            _P, _P, _L, _P, _I, _F, _P, _P],
+                            _P, _P, _L, _P, _I, _F, _P, _P, _I],
 }
 
 
@@ -225,10 +225,12 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor | None:
 def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, page_size: int, scale: float) -> torch.Tensor | None:
-    """Write k/v [B, Hkv, D] at ``slots`` and attend q [B, H, D] over each sequence's pages."""
+    """Write k/v [B, Hkv, D] at ``slots`` and attend q [B, H, D] over each sequence's pages.
+    The caches are float32, or bf16 (the new k/v rounded to nearest even on write)."""
     lib = _lib()
     if (lib is None or not (_heads_view(q) and _heads_view(k) and _heads_view(v))
-            or k_cache.dtype != torch.float32 or v_cache.dtype != torch.float32
+            or k_cache.dtype not in (torch.float32, torch.bfloat16)
+            or v_cache.dtype != k_cache.dtype
             or not (k_cache.is_contiguous() and v_cache.is_contiguous())
             or slots.dtype != torch.int64 or block_tables.dtype != torch.int32
             or seq_lens.dtype != torch.int32 or block_tables.stride(1) != 1
@@ -240,5 +242,6 @@ def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: tor
     lib.infer_paged_decode(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(),
                            v.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
                            block_tables.data_ptr(), block_tables.stride(0), seq_lens.data_ptr(),
-                           out.data_ptr(), b, h, k.shape[1], d, page_size, float(scale))
+                           out.data_ptr(), b, h, k.shape[1], d, page_size, float(scale),
+                           int(k_cache.dtype == torch.bfloat16))
     return out

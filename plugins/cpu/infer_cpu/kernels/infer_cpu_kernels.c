@@ -1300,10 +1300,27 @@ void infer_silu_mul(const float *x, int64_t x_stride, float *out, int T, int I) 
 /* s[j] <- exp(s[j] - mx) for j < n; returns the sum (infer_cpu_vmath.h's exp). */
 static float exp_minus_max(float *s, int n, float mx) { return vm_exp_sub(s, n, 1.f, mx); }
 
+/* KV caches hold float32, or bf16 (kv16: the upper half of the float32 bits, rounded to nearest
+ * even on write, as torch's float -> bfloat16 conversion; read back exactly as that float). */
+static inline float kv_at(const void *base, int64_t i, int kv16) {
+  if (!kv16) return ((const float *)base)[i];
+  uint32_t u = (uint32_t)((const uint16_t *)base)[i] << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static inline uint16_t f2bf(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0; /* NaN */
+  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
 /* One (sequence, query head) of decode attention: out[bh] = softmax(q k^T * scale) v over the
  * sequence's pages. The portable path (no AVX2, or D not a multiple of 32). */
-static void attend_one(int bh, const float *q, int64_t q_stride, const float *k_cache,
-                       const float *v_cache, const int32_t *block_tables, int64_t bt_stride,
+static void attend_one(int bh, const float *q, int64_t q_stride, const void *k_cache,
+                       const void *v_cache, int kv16, const int32_t *block_tables, int64_t bt_stride,
                        const int32_t *seq_lens, float *out, int H, int Hkv, int D, int page,
                        float scale) {
   int64_t row = (int64_t)Hkv * D;
@@ -1315,10 +1332,10 @@ static void attend_one(int bh, const float *q, int64_t q_stride, const float *k_
   float *scores = L <= 2048 ? sbuf : (float *)malloc(sizeof(float) * (size_t)L);
   float mx = -INFINITY;
   for (int j = 0; j < L; j++) {
-    const float *kj = k_cache + ((int64_t)bt[j / page] * page + j % page) * row + (int64_t)g * D;
+    int64_t kj = ((int64_t)bt[j / page] * page + j % page) * row + (int64_t)g * D;
     float sdot = 0.f;
 #pragma omp simd reduction(+ : sdot)
-    for (int i = 0; i < D; i++) sdot += qv[i] * kj[i];
+    for (int i = 0; i < D; i++) sdot += qv[i] * kv_at(k_cache, kj + i, kv16);
     scores[j] = sdot * scale;
     mx = scores[j] > mx ? scores[j] : mx;
   }
@@ -1326,31 +1343,39 @@ static void attend_one(int bh, const float *q, int64_t q_stride, const float *k_
   float *o = out + (int64_t)bh * D;
   for (int i = 0; i < D; i++) o[i] = 0.f;
   for (int j = 0; j < L; j++) {
-    const float *vj = v_cache + ((int64_t)bt[j / page] * page + j % page) * row + (int64_t)g * D;
+    int64_t vj = ((int64_t)bt[j / page] * page + j % page) * row + (int64_t)g * D;
     float p = scores[j] * inv;
 #pragma omp simd
-    for (int i = 0; i < D; i++) o[i] += p * vj[i];
+    for (int i = 0; i < D; i++) o[i] += p * kv_at(v_cache, vj + i, kv16);
   }
   if (scores != sbuf) free(scores);
 }
 
 #ifdef __AVX2__
+/* 8 cache values at element i of base as floats (bf16: widened exactly). */
+static inline __m256 kv_load8(const void *base, int64_t i, int kv16) {
+  if (kv16)
+    return _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + i))), 16));
+  return _mm256_loadu_ps((const float *)base + i);
+}
+
 /* s[h * ls + j] = scale * (q_h . k_j) for nh <= 3 query heads (q_h = q + h D) and the L keys at
  * kb + off[j]. Tiles of 4 keys x nh heads: each key is loaded once for all the heads, and one
  * hadd tree turns the 4 x nh accumulators into 4 scores per head. */
 static inline __attribute__((always_inline)) void group_scores(
-    const float *q, int nh, const float *kb, const int64_t *off, int L, int D, float scale,
+    const float *q, int nh, const void *kb, int kv16, const int64_t *off, int L, int D, float scale,
     float *s, int ls) {
   const __m128 sc = _mm_set1_ps(scale);
   int j = 0;
   for (; j + 4 <= L; j += 4) {
-    const float *k0 = kb + off[j], *k1 = kb + off[j + 1], *k2 = kb + off[j + 2], *k3 = kb + off[j + 3];
+    int64_t k0 = off[j], k1 = off[j + 1], k2 = off[j + 2], k3 = off[j + 3];
     __m256 a[3][4];
     for (int h = 0; h < nh; h++)
       for (int t = 0; t < 4; t++) a[h][t] = _mm256_setzero_ps();
     for (int i = 0; i < D; i += 8) {
-      __m256 x0 = _mm256_loadu_ps(k0 + i), x1 = _mm256_loadu_ps(k1 + i),
-             x2 = _mm256_loadu_ps(k2 + i), x3 = _mm256_loadu_ps(k3 + i);
+      __m256 x0 = kv_load8(kb, k0 + i, kv16), x1 = kv_load8(kb, k1 + i, kv16),
+             x2 = kv_load8(kb, k2 + i, kv16), x3 = kv_load8(kb, k3 + i, kv16);
       for (int h = 0; h < nh; h++) {
         __m256 qv = _mm256_loadu_ps(q + (int64_t)h * D + i);
         a[h][0] = _mm256_fmadd_ps(qv, x0, a[h][0]);
@@ -1366,11 +1391,11 @@ static inline __attribute__((always_inline)) void group_scores(
     }
   }
   for (; j < L; j++) {
-    const float *kj = kb + off[j];
+    int64_t kj = off[j];
     for (int h = 0; h < nh; h++) {
       __m256 a = _mm256_setzero_ps();
       for (int i = 0; i < D; i += 8)
-        a = _mm256_fmadd_ps(_mm256_loadu_ps(q + (int64_t)h * D + i), _mm256_loadu_ps(kj + i), a);
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(q + (int64_t)h * D + i), kv_load8(kb, kj + i, kv16), a);
       s[(int64_t)h * ls + j] = hsum256(a) * scale;
     }
   }
@@ -1379,16 +1404,16 @@ static inline __attribute__((always_inline)) void group_scores(
 /* o_h = inv[h] * sum_j p[h * ls + j] v_j for nh <= 3 heads (o_h = o + h D), the L values at
  * vb + off[j]; D a multiple of 32, done 32 columns at a time (4 x nh accumulators). */
 static inline __attribute__((always_inline)) void group_values(
-    const float *p, int ls, int nh, const float *vb, const int64_t *off, int L, int D,
+    const float *p, int ls, int nh, const void *vb, int kv16, const int64_t *off, int L, int D,
     const float *inv, float *o) {
   for (int i0 = 0; i0 < D; i0 += 32) {
     __m256 a[3][4];
     for (int h = 0; h < nh; h++)
       for (int t = 0; t < 4; t++) a[h][t] = _mm256_setzero_ps();
     for (int j = 0; j < L; j++) {
-      const float *vj = vb + off[j] + i0;
-      __m256 x0 = _mm256_loadu_ps(vj), x1 = _mm256_loadu_ps(vj + 8),
-             x2 = _mm256_loadu_ps(vj + 16), x3 = _mm256_loadu_ps(vj + 24);
+      int64_t vj = off[j] + i0;
+      __m256 x0 = kv_load8(vb, vj, kv16), x1 = kv_load8(vb, vj + 8, kv16),
+             x2 = kv_load8(vb, vj + 16, kv16), x3 = kv_load8(vb, vj + 24, kv16);
       for (int h = 0; h < nh; h++) {
         __m256 ph = _mm256_broadcast_ss(p + (int64_t)h * ls + j);
         a[h][0] = _mm256_fmadd_ps(ph, x0, a[h][0]);
@@ -1420,22 +1445,28 @@ static float max_row(const float *s, int n) {
 
 /* nh <= 3 query heads q [nh, D] against one KV head's L keys / values at kb / vb + off[j]:
  * o [nh, D] = softmax(q k^T * scale) v. s: nh * L floats of scratch. */
-static void attend_heads(const float *q, int nh, const float *kb, const float *vb,
+static void attend_heads(const float *q, int nh, const void *kb, const void *vb, int kv16,
                          const int64_t *off, int L, int D, float scale, float *s, float *o) {
   float inv[3];
-  switch (nh) { /* constant head counts: the tiles stay in registers */
-  case 3: group_scores(q, 3, kb, off, L, D, scale, s, L); break;
-  case 2: group_scores(q, 2, kb, off, L, D, scale, s, L); break;
-  default: group_scores(q, 1, kb, off, L, D, scale, s, L); break;
+  switch (nh * 2 + kv16) { /* constant head counts and cache types: the tiles stay in registers */
+  case 7: group_scores(q, 3, kb, 1, off, L, D, scale, s, L); break;
+  case 6: group_scores(q, 3, kb, 0, off, L, D, scale, s, L); break;
+  case 5: group_scores(q, 2, kb, 1, off, L, D, scale, s, L); break;
+  case 4: group_scores(q, 2, kb, 0, off, L, D, scale, s, L); break;
+  case 3: group_scores(q, 1, kb, 1, off, L, D, scale, s, L); break;
+  default: group_scores(q, 1, kb, 0, off, L, D, scale, s, L); break;
   }
   for (int h = 0; h < nh; h++) {
     float *sh = s + (int64_t)h * L;
     inv[h] = 1.f / exp_minus_max(sh, L, max_row(sh, L));
   }
-  switch (nh) {
-  case 3: group_values(s, L, 3, vb, off, L, D, inv, o); break;
-  case 2: group_values(s, L, 2, vb, off, L, D, inv, o); break;
-  default: group_values(s, L, 1, vb, off, L, D, inv, o); break;
+  switch (nh * 2 + kv16) {
+  case 7: group_values(s, L, 3, vb, 1, off, L, D, inv, o); break;
+  case 6: group_values(s, L, 3, vb, 0, off, L, D, inv, o); break;
+  case 5: group_values(s, L, 2, vb, 1, off, L, D, inv, o); break;
+  case 4: group_values(s, L, 2, vb, 0, off, L, D, inv, o); break;
+  case 3: group_values(s, L, 1, vb, 1, off, L, D, inv, o); break;
+  default: group_values(s, L, 1, vb, 0, off, L, D, inv, o); break;
   }
 }
 #endif
@@ -1443,7 +1474,8 @@ static void attend_heads(const float *q, int nh, const float *kb, const float *v
 typedef struct {
   const float *q;
   int64_t q_stride;
-  const float *k_cache, *v_cache;
+  const void *k_cache, *v_cache; /* float32, or bf16 when kv16 */
+  int kv16;
   const int32_t *block_tables;
   int64_t bt_stride;
   const int32_t *seq_lens;
@@ -1481,11 +1513,11 @@ static void attend_units(const decode_attn *a, int u0, int u1) {
         int64_t r = (int64_t)bt[p] * a->page * row;
         for (int i = 0; i < a->page && j < L; i++, r += row) off[j++] = r;
       }
-      int64_t at = (int64_t)g * a->D;
+      int64_t at = (int64_t)g * a->D * (a->kv16 ? 2 : 4); /* bytes */
       for (int h0 = 0; h0 < group; h0 += 3) {
         int nh = group - h0 < 3 ? group - h0 : 3, h = g * group + h0;
-        attend_heads(a->q + b * a->q_stride + (int64_t)h * a->D, nh, a->k_cache + at,
-                     a->v_cache + at, off, L, a->D, a->scale, s,
+        attend_heads(a->q + b * a->q_stride + (int64_t)h * a->D, nh, (const char *)a->k_cache + at,
+                     (const char *)a->v_cache + at, a->kv16, off, L, a->D, a->scale, s,
                      a->out + ((int64_t)b * a->H + h) * a->D);
       }
     }
@@ -1497,8 +1529,8 @@ static void attend_units(const decode_attn *a, int u0, int u1) {
   for (int u = u0; u < u1; u++)
     for (int h = 0; h < group; h++)
       attend_one((u / a->Hkv) * a->H + (u % a->Hkv) * group + h, a->q, a->q_stride, a->k_cache,
-                 a->v_cache, a->block_tables, a->bt_stride, a->seq_lens, a->out, a->H, a->Hkv,
-                 a->D, a->page, a->scale);
+                 a->v_cache, a->kv16, a->block_tables, a->bt_stride, a->seq_lens, a->out, a->H,
+                 a->Hkv, a->D, a->page, a->scale);
 }
 
 /* Thread tid's share of the B * Hkv attention units: contiguous, so a thread reads whole cache
@@ -1509,26 +1541,35 @@ static void attend_share(const decode_attn *a, int tid, int nt) {
 }
 
 /* The new tokens' k/v rows (row stride k_stride / v_stride, row floats each) into the caches at
- * slots[b]. */
+ * slots[b]: copied, or rounded to bf16 (kv16). */
 static void write_kv(const float *k, int64_t k_stride, const float *v, int64_t v_stride,
-                     float *k_cache, float *v_cache, const int64_t *slots, int B, int64_t row) {
+                     void *k_cache, void *v_cache, int kv16, const int64_t *slots, int B, int64_t row) {
   for (int b = 0; b < B; b++) {
-    memcpy(k_cache + slots[b] * row, k + b * k_stride, sizeof(float) * (size_t)row);
-    memcpy(v_cache + slots[b] * row, v + b * v_stride, sizeof(float) * (size_t)row);
+    if (kv16) {
+      uint16_t *kc = (uint16_t *)k_cache + slots[b] * row, *vc = (uint16_t *)v_cache + slots[b] * row;
+      for (int64_t i = 0; i < row; i++) {
+        kc[i] = f2bf(k[b * k_stride + i]);
+        vc[i] = f2bf(v[b * v_stride + i]);
+      }
+    } else {
+      memcpy((float *)k_cache + slots[b] * row, k + b * k_stride, sizeof(float) * (size_t)row);
+      memcpy((float *)v_cache + slots[b] * row, v + b * v_stride, sizeof(float) * (size_t)row);
+    }
   }
 }
 
-/* Decode attention over a paged float32 cache, one query per sequence, after writing the new k/v.
+/* Decode attention over a paged float32 (or, kv16, bf16) cache, one query per sequence, after
+ * writing the new k/v.
  *   q [B, H, D] (row stride q_stride), k/v new [B, Hkv, D] (row strides k_stride, v_stride),
  *   caches [pages, page, Hkv, D], slots [B] (where the new k/v go), block_tables [B, bt_stride]
  *   int32, seq_lens [B] int32 (including the new token), out [B, H, D] contiguous. */
 void infer_paged_decode(const float *q, int64_t q_stride, const float *k, int64_t k_stride,
-                        const float *v, int64_t v_stride, float *k_cache, float *v_cache,
+                        const float *v, int64_t v_stride, void *k_cache, void *v_cache,
                         const int64_t *slots, const int32_t *block_tables, int64_t bt_stride,
                         const int32_t *seq_lens, float *out, int B, int H, int Hkv, int D, int page,
-                        float scale) {
-  write_kv(k, k_stride, v, v_stride, k_cache, v_cache, slots, B, (int64_t)Hkv * D);
-  decode_attn a = {q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out,
+                        float scale, int kv16) {
+  write_kv(k, k_stride, v, v_stride, k_cache, v_cache, kv16, slots, B, (int64_t)Hkv * D);
+  decode_attn a = {q, q_stride, k_cache, v_cache, kv16, block_tables, bt_stride, seq_lens, out,
                    B, H, Hkv, D, page, scale};
 #pragma omp parallel num_threads(B * Hkv >= 2 ? g_threads : 1)
   {
@@ -1551,7 +1592,7 @@ typedef struct {
   const void *wqkv, *wo, *wgu, *wdown; /* blocks of the four projections */
   const float *bqkv;                  /* [(H + 2 Hkv) D] or NULL */
   int kind_qkv, kind_o, kind_gu, kind_down;
-  float *k_cache, *v_cache; /* [pages, page, Hkv, D] */
+  void *k_cache, *v_cache; /* [pages, page, Hkv, D], float32 or (kv16) bf16 */
 } infer_layer;
 
 /* A barrier for the threads of one parallel region: spin briefly (the other thread is usually
@@ -1617,7 +1658,8 @@ int infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int B
                         int H, int Hkv, int D, int inter, float eps, const int64_t *pos,
                         const float *cos_sin, int rot_dim, const int64_t *slots,
                         const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
-                        int page, float scale, infer_all_reduce_fn all_reduce, void *ar_state) {
+                        int page, float scale, infer_all_reduce_fn all_reduce, void *ar_state,
+                        int kv16) {
   int qkv_w = (H + 2 * Hkv) * D, att_w = H * D;
   int kmax = hidden > att_w ? hidden : att_w;
   kmax = kmax > inter ? kmax : inter;
@@ -1657,10 +1699,10 @@ int infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int B
       if (tid == 0) {
         infer_rope(pos, qkv, qkv_w, H, qkv + (int64_t)H * D, qkv_w, Hkv, B, D, rot_dim, cos_sin);
         write_kv(qkv + (int64_t)H * D, qkv_w, qkv + (int64_t)(H + Hkv) * D, qkv_w, L->k_cache,
-                 L->v_cache, slots, B, row);
+                 L->v_cache, kv16, slots, B, row);
       }
       spin_wait(&bar);
-      decode_attn at = {qkv, qkv_w, L->k_cache, L->v_cache, block_tables, bt_stride, seq_lens,
+      decode_attn at = {qkv, qkv_w, L->k_cache, L->v_cache, kv16, block_tables, bt_stride, seq_lens,
                         att, B, H, Hkv, D, page, scale};
       attend_share(&at, tid, nt);
       spin_wait(&bar);

@@ -1,6 +1,8 @@
 """``torch_native`` on the CPU: the core's reference backend plus the native paged-attention kernel.
 
-Every batch over a float32 cache on the CPU runs ``infer_cpu.kernels.paged_decode``: one call
+Every batch of a float32 model on the CPU (a GGUF file's dequantised weights) over a float32 or
+bf16 cache (``--kv-cache-dtype bf16``: the new keys and values rounded to nearest even as they
+are written; half the memory) runs ``infer_cpu.kernels.paged_decode``: one call
 writes the step's new k/v and then attends each query row over its own sequence's pages. A
 decode row is one query per sequence; a prefill or extend row t of sequence i is a query that
 sees the first ``prefix_len_i + t + 1`` keys. Each row's arithmetic depends only on its query and
@@ -8,7 +10,7 @@ those keys (keys reduced in a fixed order), never on how the sequence was split 
 extend and decode steps or batched with others, so cached, chunked and batched requests get the
 same bits.
 
-A bf16 cache runs ``infer_cpu.kernels.bf16.paged_attention`` (the bf16 models' per-op path:
+A bf16 model's bf16 cache runs ``infer_cpu.kernels.bf16.paged_attention`` (the per-op path:
 prefill, extend over a cached prefix, and decode when the graph is off): one call per layer
 writes the new k/v and attends per (sequence, KV head, block of query rows) with the bf16 GEMM
 (scores and probabilities as SDPA on bf16 inputs computes them, up to float32 summation order).
@@ -47,12 +49,15 @@ class TorchNativeAttention(ReferenceAttention):
             refuse_nondeterministic(f"attention over a {config.kv_dtype} KV cache (torch SDPA)")
 
     def _kernel_fits(self) -> bool:
-        return (self.config.kv_dtype == torch.float32 and self.config.device.type == "cpu"
-                and kernels.load() is not None)
+        """float32 queries (float32 models: GGUF files) over a float32 or bf16 cache."""
+        c = self.config
+        return (c.dtype == torch.float32 and c.kv_dtype in (torch.float32, torch.bfloat16)
+                and c.device.type == "cpu" and kernels.load() is not None)
 
     def _bf16_fits(self) -> bool:
-        return (self.config.kv_dtype == torch.bfloat16 and self.config.device.type == "cpu"
-                and kb.load() is not None)
+        c = self.config
+        return (c.dtype != torch.float32 and c.kv_dtype == torch.bfloat16
+                and c.device.type == "cpu" and kb.load() is not None)
 
     def plan(self, meta: AttentionMetadata) -> None:
         self._native = self._kernel_fits()
