@@ -9,6 +9,10 @@ or a bf16 one, ``--kv-cache-dtype bf16``)
 and records each layer's weight and cache pointers in a C array. A decode step is then one
 native call for all layers (``infer_decode_layers``, the same kernels the per-op path calls, so
 both paths give identical numbers), plus the embedding lookup, final norm and LM head in torch.
+On one rank prefill, extend and mixed batches take the same call: each row is a query with its
+sequence's block-table row and the number of keys it sees, as the per-op attention runs them
+(``INFER_CPU_GGUF_NATIVE_PREFILL=0`` leaves them to the per-op path). A 128-token prompt of the
+default model: 140-149 -> 100-123 ms on two threads.
 
 Tensor parallelism: each rank captures its shard (its heads, KV heads and intermediate
 columns) and the native call sums the attention output and MLP down projections across ranks
@@ -60,6 +64,8 @@ class NativeDecodeGraph(GraphRunner):
         self._ar_errors: list[BaseException] = []  # raised by the callback route
         self._comm: Any = None
         self.all_reduce_route = "none (one rank)"
+        self.kv16 = 0
+        self.extend = False  # prefill / extend batches in the native call too (one rank)
 
     # -- capture -------------------------------------------------------------------------------
     def capture(self) -> None:
@@ -153,8 +159,10 @@ class NativeDecodeGraph(GraphRunner):
 
             from infer_cpu.kernels import bf16 as kb
 
-            self.threads = kb.ThreadChoice(
-                torch.get_num_threads(), int(os.environ.get("INFER_CPU_DECODE_THREADS", "0")))
+            fixed = int(os.environ.get("INFER_CPU_DECODE_THREADS", "0"))
+            self.threads = kb.ThreadChoice(torch.get_num_threads(), fixed)
+            self.extend_threads = kb.ThreadChoice(torch.get_num_threads(), fixed, max_first=True)
+            self.extend = os.environ.get("INFER_CPU_GGUF_NATIVE_PREFILL", "1") != "0"
 
     def _wire_all_reduce(self, comm: Any) -> None:
         """The communicator's C all-reduce if it has one (the shared-memory segment), else a
@@ -191,11 +199,15 @@ class NativeDecodeGraph(GraphRunner):
             return False
         if batch.attn.is_decode_only:
             return True
-        return self._bf16 is not None and self._bf16.extend  # prefill / extend rows: bf16 only
+        return self._bf16.extend if self._bf16 is not None else self.extend
 
     def run(self, batch: Any) -> torch.Tensor:
         """Decode step: embedding (torch) -> all layers (one native call) -> norm + LM head; a
-        bf16 stack also takes prefill / extend batches (``BF16DecodeStack.run_extend``)."""
+        bf16 stack also takes prefill / extend batches (``BF16DecodeStack.run_extend``).
+        Prefill / extend rows of the GGUF stack: every row is a query of its own, with its
+        sequence's block-table row and the keys it sees (its position + 1), the attention
+        backend's per-row form (``_query_rows``): the call writes all rows' keys and values
+        first, then attends each row, as the per-op path does with the same kernel."""
         if self._bf16 is not None:
             if not batch.attn.is_decode_only:
                 return self._bf16.run_extend(batch)
@@ -204,13 +216,19 @@ class NativeDecodeGraph(GraphRunner):
         h = model.model.embed_tokens(batch.input_ids).float().contiguous()  # [B, hidden]
         pos = batch.positions.contiguous()
         slots = meta.slot_mapping.contiguous()
-        bt = meta.block_tables
-        seq_lens = meta.seq_lens.contiguous()
+        decode = meta.is_decode_only
+        if decode:
+            bt, seq_lens = meta.block_tables, meta.seq_lens.contiguous()
+        else:
+            from infer_cpu.ops.attention import TorchNativeAttention
+
+            bt, seq_lens = TorchNativeAttention._query_rows(meta)
         if (pos.dtype != torch.int64 or slots.dtype != torch.int64 or bt.dtype != torch.int32
                 or bt.stride(1) != 1 or seq_lens.dtype != torch.int32):
             raise TypeError("decode metadata dtypes differ from what the native graph expects")
         lib = kernels._lib()  # sizes the OpenMP team to torch's thread count
-        choice = getattr(self, "threads", None)  # one rank: the measured choice (tp: every thread)
+        # one rank: the measured choice (tp: every thread)
+        choice = getattr(self, "threads" if decode else "extend_threads", None)
         threads = choice.pick(h.shape[0]) if choice is not None else torch.get_num_threads()
         if threads != kernels._threads[0]:
             lib.infer_set_threads(threads)

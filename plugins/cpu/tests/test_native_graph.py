@@ -25,7 +25,8 @@ def test_graph_matches_per_op_path_on_the_default_model(greedy, kv_cache_dtype):
     prompts = [list(range(200, 240)), list(range(300, 307)), list(range(500, 519)),
                list(range(700, 712)), list(range(900, 933))]
     counts = [16, 16, 16, 9, 5]
-    graph = EngineCore(ServerArgs(model_path=path, page_size=4, kv_cache_dtype=kv_cache_dtype))
+    graph = EngineCore(ServerArgs(model_path=path, page_size=4, kv_cache_dtype=kv_cache_dtype,
+                                  chunked_prefill_size=32))
     runner = graph.runner.graph_runner
     assert runner is not None and runner.ok, getattr(runner, "reason", None)
     assert runner.kv16 == (kv_cache_dtype == "bf16")
@@ -43,11 +44,43 @@ def test_graph_matches_per_op_path_on_the_default_model(greedy, kv_cache_dtype):
 
     if torch.get_num_threads() > 1:  # steps ran on 1 thread and on all (ThreadChoice measures both)
         assert {t for (_, t) in runner.threads._avg} == {1, torch.get_num_threads()}
+    kinds = {"prefill": 0, "mixed": 0}
+
+    def counted_kinds(batch):
+        ext = batch.attn.extend_lens_cpu
+        if any(e > 1 for e in ext):
+            kinds["mixed" if any(e == 1 for e in ext) else "prefill"] += 1
+        return run(batch)
+
+    runner.run = counted_kinds
+    staggered = _staggered(graph)
+    assert kinds["prefill"] >= 1 and kinds["mixed"] >= 1  # prefill and mixed steps, natively
     del graph
     eager = EngineCore(ServerArgs(model_path=path, page_size=4, disable_cuda_graph=True,
-                                  kv_cache_dtype=kv_cache_dtype))
+                                  kv_cache_dtype=kv_cache_dtype, chunked_prefill_size=32))
     assert eager.runner.graph_runner is None
     assert greedy(eager, prompts, counts) == got
+    assert _staggered(eager) == staggered
+
+
+def _staggered(core) -> dict[str, list[int]]:
+    """Greedy requests that arrive while others decode: steps mixing a prompt's rows with
+    decode rows (the CPU's mixed chunks), prompts longer than the test's 32-token chunks."""
+    import torch
+
+    params = {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True}
+    arrivals = {0: [list(range(100, 130))], 2: [list(range(40, 45)), list(range(800, 860))],
+                4: [list(range(1200, 1203))]}
+    outs: dict[str, list[int]] = {}
+    step = 0
+    torch.manual_seed(0)
+    while step in arrivals or core.has_work():
+        for i, p in enumerate(arrivals.get(step, [])):
+            core.add_request(core.make_request(f"s{step}.{i}", p, dict(params)))
+        for o in core.step():
+            outs.setdefault(o.rid, []).extend(o.new_token_ids)
+        step += 1
+    return outs
 
 
 def test_dense_model_is_left_to_the_per_op_path(tmp_path, greedy):

@@ -1533,11 +1533,25 @@ static void attend_units(const decode_attn *a, int u0, int u1) {
                  a->Hkv, a->D, a->page, a->scale);
 }
 
-/* Thread tid's share of the B * Hkv attention units: contiguous, so a thread reads whole cache
- * rows of its sequences. */
-static void attend_share(const decode_attn *a, int tid, int nt) {
+/* The first unit of thread tid's share of the B * Hkv (sequence, KV head) units: units in order,
+ * split where the keys read so far pass tid / nt of all of them (a unit reads its sequence's
+ * length; the rows of a prefill see 1, 2, ... keys, so a split by count would leave the last
+ * thread most of the work). */
+static int attend_split(const decode_attn *a, int tid, int nt) {
   int U = a->B * a->Hkv;
-  attend_units(a, (int)((int64_t)U * tid / nt), (int)((int64_t)U * (tid + 1) / nt));
+  if (tid == 0 || tid == nt) return tid == 0 ? 0 : U;
+  int64_t total = 0, seen = 0;
+  for (int b = 0; b < a->B; b++) total += (int64_t)a->Hkv * (a->seq_lens[b] + 1);
+  int64_t goal = total * tid / nt;
+  int u = 0;
+  while (u < U && seen + a->seq_lens[u / a->Hkv] + 1 <= goal) seen += a->seq_lens[u++ / a->Hkv] + 1;
+  return u;
+}
+
+/* Thread tid's share of the attention units: contiguous (a thread reads whole cache rows of its
+ * sequences), balanced by keys read. */
+static void attend_share(const decode_attn *a, int tid, int nt) {
+  attend_units(a, attend_split(a, tid, nt), attend_split(a, tid + 1, nt));
 }
 
 /* The new tokens' k/v rows (row stride k_stride / v_stride, row floats each) into the caches at
