@@ -81,8 +81,9 @@ def moe_rank_tokens(rank: int, world: int, path: str, ep_size: int) -> float:
 
 def graph_driver(loaded: Any, page_size: int, num_pages: int, comm: Any = None
                  ) -> tuple[PagedDriver, Any, dict[str, int]]:
-    """A PagedDriver whose decode-only steps run the CPU plugin's native decode graph
-    (``infer_cpu.graph``), captured on this rank's shard; other steps run the per-op model.
+    """A PagedDriver whose steps run the CPU plugin's native decode graph (``infer_cpu.graph``),
+    captured on this rank's shard, where it takes them (decode, prefill and extend steps);
+    other steps run the per-op model.
     ``comm``: the communicator the graph's all-reduce uses (default the model's). Returns the
     driver, the graph and a counter of the steps it ran."""
     from infer_cpu.graph import NativeDecodeGraph
@@ -136,7 +137,7 @@ def graph_peer_exits(rank: int, world: int, path: str) -> dict[str, str]:
 
     loaded = load(path, tp_size=world, tp_rank=rank, dtype="auto", page_size=4)
     driver, graph, counts = graph_driver(loaded, 4, 32)
-    driver.step([(0, [1, 2, 3])])  # prefill (per-op path, collectives over shared memory)
+    driver.step([(0, [1, 2, 3])])  # prefill (the graph too, collectives over shared memory)
     if rank == 1:
         loaded.ctx.comm.all_reduce(torch.zeros(1, loaded.arch.hidden_size))
         os._exit(0)

@@ -9,7 +9,7 @@ or a bf16 one, ``--kv-cache-dtype bf16``)
 and records each layer's weight and cache pointers in a C array. A decode step is then one
 native call for all layers (``infer_decode_layers``, the same kernels the per-op path calls, so
 both paths give identical numbers), plus the embedding lookup, final norm and LM head in torch.
-On one rank prefill, extend and mixed batches take the same call: each row is a query with its
+Prefill, extend and mixed batches take the same call: each row is a query with its
 sequence's block-table row and the number of keys it sees, as the per-op attention runs them
 (``INFER_CPU_GGUF_NATIVE_PREFILL=0`` leaves them to the per-op path). A 128-token prompt of the
 default model: 140-149 -> 100-123 ms on two threads.
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import time
 from typing import Any
 
@@ -65,7 +66,7 @@ class NativeDecodeGraph(GraphRunner):
         self._comm: Any = None
         self.all_reduce_route = "none (one rank)"
         self.kv16 = 0
-        self.extend = False  # prefill / extend batches in the native call too (one rank)
+        self.extend = False  # prefill / extend batches in the native call too
 
     # -- capture -------------------------------------------------------------------------------
     def capture(self) -> None:
@@ -155,14 +156,12 @@ class NativeDecodeGraph(GraphRunner):
         if tp != 1:
             self._wire_all_reduce(ctx.comm)
         else:  # one rank: 1 or all threads per batch-size class, whichever steps faster
-            import os
-
             from infer_cpu.kernels import bf16 as kb
 
             fixed = int(os.environ.get("INFER_CPU_DECODE_THREADS", "0"))
             self.threads = kb.ThreadChoice(torch.get_num_threads(), fixed)
             self.extend_threads = kb.ThreadChoice(torch.get_num_threads(), fixed, max_first=True)
-            self.extend = os.environ.get("INFER_CPU_GGUF_NATIVE_PREFILL", "1") != "0"
+        self.extend = os.environ.get("INFER_CPU_GGUF_NATIVE_PREFILL", "1") != "0"
 
     def _wire_all_reduce(self, comm: Any) -> None:
         """The communicator's C all-reduce if it has one (the shared-memory segment), else a
