@@ -211,19 +211,36 @@ def _check_stack(d: Dims, threads: int, lib: ctypes.CDLL, seed: int,
 def test_thread_choice_measures_both_then_keeps_the_faster_and_explores():
     tc = kb.ThreadChoice(2, explore=4)
     seen = []
-    cost = {1: 0.010, 2: 0.020}  # one thread faster (a loaded machine)
+    cost = {1: 0.010, 2: 0.013}  # one thread faster (a loaded machine), the other close
     for _ in range(12):
         t = tc.pick(8)
         seen.append(t)
         tc.record(8, t, cost[t])
     assert seen[:2] == [1, 2]  # each size measured once
-    assert seen[2:] == [1, 2, 1, 1, 1, 2, 1, 1, 1, 2]  # the faster; every 4th step the other
-    cost = {1: 0.010, 2: 0.001}  # the load went away: exploring finds it
-    for _ in range(12):
+    assert seen[2:] == [1, 1, 1, 2, 1, 1, 1, 2, 1, 1]  # the faster; every 4th step the other
+    cost = {1: 0.010, 2: 0.001}  # the load went away: one exploring step finds it
+    for _ in range(4):
         t = tc.pick(8)
         tc.record(8, t, cost[t])
     assert tc.pick(8) == 2
     assert tc.pick(1) == 1  # batch-size classes are measured separately
     tc.record(1, 1, 0.5)
     assert tc.pick(1) == 2
+
+
+def test_thread_choice_explores_a_far_slower_candidate_less_often():
+    """Each exploring step costs the other candidate's extra time: at 2x the best's, every 2 x
+    ``explore`` steps; at 4x or more, every 4 x ``explore``."""
+    for ratio, every in ((2.0, 8), (3.5, 12), (9.0, 16)):
+        tc = kb.ThreadChoice(2, explore=4)
+        cost = {1: 0.010 * ratio, 2: 0.010}
+        seen = []
+        for _ in range(2 + 3 * every):
+            t = tc.pick(32)
+            seen.append(t)
+            tc.record(32, t, cost[t])
+        explored = [i for i, t in enumerate(seen) if i >= 2 and t == 1]
+        assert explored == [1 + every, 1 + 2 * every, 1 + 3 * every], (ratio, explored)
+
+
     assert kb.ThreadChoice(1).pick(5) == 1 and kb.ThreadChoice(2, fixed=2).pick(1) == 2

@@ -126,12 +126,19 @@ def lib_for_call() -> ctypes.CDLL | None:
 
 class ThreadChoice:
     """A thread count per size class (powers of two: the decode batch, or a step's tokens): the
-    candidate (1 or ``max_threads``) with the lower moving average of measured step time, every
-    ``explore``-th step of a class the other one (each candidate is measured first). On a shared
-    machine a thread that another process keeps off its core holds up every job it has taken,
-    so one thread can be the faster. ``fixed`` > 0 always answers that count. ``max_first``:
-    measure ``max_threads`` first (large jobs, such as a prefill, whose first call should not be
-    the slow one)."""
+    candidate (1 or ``max_threads``) with the lower moving average of measured step time, and
+    now and then the other one. On a shared machine a thread that another process keeps off its
+    core holds up every job it has taken, so one thread can be the faster. ``fixed`` > 0 always
+    answers that count. ``max_first``: measure ``max_threads`` first (large jobs, such as a
+    prefill, whose first call should not be the slow one).
+
+    Exploring: the other candidate every ``explore``-th step of a class, less often the slower it
+    measured (every ``explore`` x its time ratio to the best, rounded down, up to 4x: each try
+    costs that ratio's extra step time; on a quiet machine one thread takes about twice as long
+    at batch 32, and exploring it every 16 steps cost 8-12 % of the decode rate). An exploring
+    step's time replaces that candidate's average instead of joining it: the average may be
+    stale (measured under a load that has gone), and one step tells. A load that appears shows
+    in the best candidate's own steps, which are measured every time."""
 
     def __init__(self, max_threads: int, fixed: int = 0, explore: int = 16,
                  max_first: bool = False) -> None:
@@ -141,24 +148,34 @@ class ThreadChoice:
         self.fixed, self.explore = fixed, explore
         self._avg: dict[tuple[int, int], float] = {}  # (class, threads) -> seconds per step
         self._steps: dict[int, int] = {}
+        self._since: dict[int, int] = {}  # steps of a class since its last exploring step
+        self._exploring: dict[int, int] = {}  # class -> the candidate its current step explores
 
     def pick(self, batch: int) -> int:
         if self.fixed > 0:
             return self.fixed
         c = batch.bit_length()
-        n = self._steps[c] = self._steps.get(c, 0) + 1
+        self._steps[c] = self._steps.get(c, 0) + 1
         untried = [t for t in self.candidates if (c, t) not in self._avg]
         if untried:
             return untried[0]
         best = min(self.candidates, key=lambda t: self._avg[(c, t)])
-        if n % self.explore == 0:
-            return next((t for t in self.candidates if t != best), best)
+        other = next((t for t in self.candidates if t != best), best)
+        ratio = self._avg[(c, other)] / max(self._avg[(c, best)], 1e-12)
+        since = self._since[c] = self._since.get(c, 0) + 1
+        if other != best and since >= self.explore * min(4, max(1, int(ratio))):
+            self._since[c] = 0
+            self._exploring[c] = other
+            return other
         return best
 
     def record(self, batch: int, threads: int, seconds: float) -> None:
-        key = (batch.bit_length(), threads)
-        old = self._avg.get(key)
-        self._avg[key] = seconds if old is None else 0.75 * old + 0.25 * seconds
+        c = batch.bit_length()
+        key, old = (c, threads), self._avg.get((c, threads))
+        if self._exploring.pop(c, None) == threads or old is None:
+            self._avg[key] = seconds
+        else:
+            self._avg[key] = 0.75 * old + 0.25 * seconds
 
 
 @dataclass
