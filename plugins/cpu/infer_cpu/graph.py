@@ -49,6 +49,7 @@ from infer.core.ops.graph import GraphRunner
 
 from infer_cpu import kernels
 from infer_cpu.graph_bf16 import BF16DecodeStack, Unsupported
+from infer_cpu.ops.attention import query_rows
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +206,7 @@ class NativeDecodeGraph(GraphRunner):
         bf16 stack also takes prefill / extend batches (``BF16DecodeStack.run_extend``).
         Prefill / extend rows of the GGUF stack: every row is a query of its own, with its
         sequence's block-table row and the keys it sees (its position + 1), the attention
-        backend's per-row form (``_query_rows``): the call writes all rows' keys and values
+        backend's per-row form (``query_rows``): the call writes all rows' keys and values
         first, then attends each row, as the per-op path does with the same kernel."""
         if self._bf16 is not None:
             if not batch.attn.is_decode_only:
@@ -216,12 +217,8 @@ class NativeDecodeGraph(GraphRunner):
         pos = batch.positions.contiguous()
         slots = meta.slot_mapping.contiguous()
         decode = meta.is_decode_only
-        if decode:
-            bt, seq_lens = meta.block_tables, meta.seq_lens.contiguous()
-        else:
-            from infer_cpu.ops.attention import TorchNativeAttention
-
-            bt, seq_lens = TorchNativeAttention._query_rows(meta)
+        bt, seq_lens = query_rows(meta)
+        seq_lens = seq_lens.contiguous()
         if (pos.dtype != torch.int64 or slots.dtype != torch.int64 or bt.dtype != torch.int32
                 or bt.stride(1) != 1 or seq_lens.dtype != torch.int32):
             raise TypeError("decode metadata dtypes differ from what the native graph expects")

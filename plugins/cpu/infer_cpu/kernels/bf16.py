@@ -147,7 +147,6 @@ class ThreadChoice:
             self.candidates.reverse()
         self.fixed, self.explore = fixed, explore
         self._avg: dict[tuple[int, int], float] = {}  # (class, threads) -> seconds per step
-        self._steps: dict[int, int] = {}
         self._since: dict[int, int] = {}  # steps of a class since its last exploring step
         self._exploring: dict[int, int] = {}  # class -> the candidate its current step explores
 
@@ -155,7 +154,6 @@ class ThreadChoice:
         if self.fixed > 0:
             return self.fixed
         c = batch.bit_length()
-        self._steps[c] = self._steps.get(c, 0) + 1
         untried = [t for t in self.candidates if (c, t) not in self._avg]
         if untried:
             return untried[0]

@@ -157,21 +157,6 @@ int infer_bf16_isa(void) {
 #endif
 }
 
-static inline float bf16_to_f32(bf16 v) {
-  uint32_t u = (uint32_t)v << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-/* Round to nearest even (NaN stays NaN); the same as torch's float -> bfloat16. */
-static inline bf16 f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (bf16)((u >> 16) | 0x40);
-  return (bf16)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
 #if defined(__AVX512F__)
 /* 16 bf16 at p as float32. */
 static inline __m512 bf16x16_load(const bf16 *p) {
@@ -596,19 +581,11 @@ static inline float dot_qk(const float *q, const bf16 *k, int D) {
   float s = 0.f;
 #if defined(__AVX512F__)
   __m512 acc = _mm512_setzero_ps();
-  for (; d + 16 <= D; d += 16) {
-    __m512 kv = _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(k + d))), 16));
-    acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), kv, acc);
-  }
+  for (; d + 16 <= D; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), bf16x16_load(k + d), acc);
   s = _mm512_reduce_add_ps(acc);
 #elif defined(__AVX2__) && defined(__FMA__)
   __m256 acc = _mm256_setzero_ps();
-  for (; d + 8 <= D; d += 8) {
-    __m256 kv = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(k + d))), 16));
-    acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), kv, acc);
-  }
+  for (; d + 8 <= D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), vm_bf16x8_load(k + d), acc);
   float t[8];
   _mm256_storeu_ps(t, acc);
   for (int i = 0; i < 8; i++) s += t[i];
@@ -622,18 +599,12 @@ static inline void axpy_v(float *o, float p, const bf16 *v, int D) {
   int d = 0;
 #if defined(__AVX512F__)
   __m512 pv = _mm512_set1_ps(p);
-  for (; d + 16 <= D; d += 16) {
-    __m512 vv = _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v + d))), 16));
-    _mm512_storeu_ps(o + d, _mm512_fmadd_ps(pv, vv, _mm512_loadu_ps(o + d)));
-  }
+  for (; d + 16 <= D; d += 16)
+    _mm512_storeu_ps(o + d, _mm512_fmadd_ps(pv, bf16x16_load(v + d), _mm512_loadu_ps(o + d)));
 #elif defined(__AVX2__) && defined(__FMA__)
   __m256 pv = _mm256_set1_ps(p);
-  for (; d + 8 <= D; d += 8) {
-    __m256 vv = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(v + d))), 16));
-    _mm256_storeu_ps(o + d, _mm256_fmadd_ps(pv, vv, _mm256_loadu_ps(o + d)));
-  }
+  for (; d + 8 <= D; d += 8)
+    _mm256_storeu_ps(o + d, _mm256_fmadd_ps(pv, vm_bf16x8_load(v + d), _mm256_loadu_ps(o + d)));
 #endif
   for (; d < D; d++) o[d] += p * bf16_to_f32(v[d]);
 }

@@ -1300,21 +1300,10 @@ void infer_silu_mul(const float *x, int64_t x_stride, float *out, int T, int I) 
 /* s[j] <- exp(s[j] - mx) for j < n; returns the sum (infer_cpu_vmath.h's exp). */
 static float exp_minus_max(float *s, int n, float mx) { return vm_exp_sub(s, n, 1.f, mx); }
 
-/* KV caches hold float32, or bf16 (kv16: the upper half of the float32 bits, rounded to nearest
- * even on write, as torch's float -> bfloat16 conversion; read back exactly as that float). */
+/* KV caches hold float32, or bf16 (kv16: rounded to nearest even on write, as torch's
+ * float -> bfloat16 conversion; read back exactly as that float). */
 static inline float kv_at(const void *base, int64_t i, int kv16) {
-  if (!kv16) return ((const float *)base)[i];
-  uint32_t u = (uint32_t)((const uint16_t *)base)[i] << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-static inline uint16_t f2bf(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0; /* NaN */
-  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  return kv16 ? bf16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
 }
 
 /* One (sequence, query head) of decode attention: out[bh] = softmax(q k^T * scale) v over the
@@ -1354,10 +1343,7 @@ static void attend_one(int bh, const float *q, int64_t q_stride, const void *k_c
 #ifdef __AVX2__
 /* 8 cache values at element i of base as floats (bf16: widened exactly). */
 static inline __m256 kv_load8(const void *base, int64_t i, int kv16) {
-  if (kv16)
-    return _mm256_castsi256_ps(_mm256_slli_epi32(
-        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + i))), 16));
-  return _mm256_loadu_ps((const float *)base + i);
+  return kv16 ? vm_bf16x8_load((const uint16_t *)base + i) : _mm256_loadu_ps((const float *)base + i);
 }
 
 /* s[h * ls + j] = scale * (q_h . k_j) for nh <= 3 query heads (q_h = q + h D) and the L keys at
@@ -1539,12 +1525,17 @@ static void attend_units(const decode_attn *a, int u0, int u1) {
  * thread most of the work). */
 static int attend_split(const decode_attn *a, int tid, int nt) {
   int U = a->B * a->Hkv;
-  if (tid == 0 || tid == nt) return tid == 0 ? 0 : U;
+  if (tid == 0) return 0;
+  if (tid == nt) return U;
   int64_t total = 0, seen = 0;
   for (int b = 0; b < a->B; b++) total += (int64_t)a->Hkv * (a->seq_lens[b] + 1);
   int64_t goal = total * tid / nt;
   int u = 0;
-  while (u < U && seen + a->seq_lens[u / a->Hkv] + 1 <= goal) seen += a->seq_lens[u++ / a->Hkv] + 1;
+  for (; u < U; u++) {
+    int64_t cost = a->seq_lens[u / a->Hkv] + 1; /* the keys unit u reads (+1: no unit is free) */
+    if (seen + cost > goal) break;
+    seen += cost;
+  }
   return u;
 }
 
@@ -1562,8 +1553,8 @@ static void write_kv(const float *k, int64_t k_stride, const float *v, int64_t v
     if (kv16) {
       uint16_t *kc = (uint16_t *)k_cache + slots[b] * row, *vc = (uint16_t *)v_cache + slots[b] * row;
       for (int64_t i = 0; i < row; i++) {
-        kc[i] = f2bf(k[b * k_stride + i]);
-        vc[i] = f2bf(v[b * v_stride + i]);
+        kc[i] = f32_to_bf16(k[b * k_stride + i]);
+        vc[i] = f32_to_bf16(v[b * v_stride + i]);
       }
     } else {
       memcpy((float *)k_cache + slots[b] * row, k + b * k_stride, sizeof(float) * (size_t)row);

@@ -1,6 +1,7 @@
 /*
- * Vectorized exp and SiLU shared by the CPU plugin's kernels (infer_cpu_kernels.c and
- * infer_cpu_bf16.c include this file; native_build.py keys the compiled libraries on it too).
+ * Vectorized exp and SiLU, and the bf16 <-> float32 conversions, shared by the CPU plugin's
+ * kernels (infer_cpu_kernels.c and infer_cpu_bf16.c include this file; native_build.py keys the
+ * compiled libraries on it too).
  *
  * exp(x): x is clamped to [-87.3, 88.3] (beyond that float32 exp under- or overflows), split as
  * x = k ln2 + r with k = round(x log2 e) and ln2 in two parts (0.693359375 - 2.12194440e-4, so
@@ -146,5 +147,29 @@ static inline float vm_exp_sub(float *s, int n, float scale, float mx) {
   }
   return sum;
 }
+
+/* bf16 bits (the upper half of a float32) as the float32 they stand for: exact. */
+static inline float bf16_to_f32(uint16_t v) {
+  uint32_t u = (uint32_t)v << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* Round to nearest even (NaN stays NaN); the same as torch's float -> bfloat16. */
+static inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40);
+  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+#if defined(__AVX2__)
+/* 8 bf16 at p as float32 (exact). */
+static inline __m256 vm_bf16x8_load(const uint16_t *p) {
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+#endif
 
 #endif /* INFER_CPU_VMATH_H */

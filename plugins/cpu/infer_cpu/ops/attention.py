@@ -37,6 +37,21 @@ from infer_cpu import kernels
 from infer_cpu.kernels import bf16 as kb
 
 
+def query_rows(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per query row: its sequence's block-table row [T, W] int32 and the number of keys it sees
+    [T] int32 (its position + 1): the form ``kernels.paged_decode`` and the GGUF graph's native
+    call attend prefill, extend and decode rows in."""
+    if meta.is_decode_only:
+        return meta.block_tables, meta.seq_lens
+    ext = torch.tensor(meta.extend_lens_cpu, dtype=torch.int64)
+    seq = torch.repeat_interleave(torch.arange(meta.num_seqs), ext)  # [T] sequence of row
+    start = torch.cumsum(ext, 0) - ext  # first row of each sequence
+    prefix = torch.tensor(meta.prefix_lens_cpu, dtype=torch.int64)
+    seen = prefix[seq] + torch.arange(meta.num_tokens) - start[seq] + 1
+    return (meta.block_tables.index_select(0, seq.to(meta.block_tables.device)).contiguous(),
+            seen.to(torch.int32).to(meta.seq_lens.device))
+
+
 class TorchNativeAttention(ReferenceAttention):
     def __init__(self, config: AttentionConfig) -> None:
         super().__init__(config)
@@ -74,23 +89,9 @@ class TorchNativeAttention(ReferenceAttention):
             self._step = [meta.num_tokens, threads, 0.0, 0.0]
         elif self._native:
             self.meta = meta  # the reference's plans are made only if the kernel declines
-            self._rows = self._query_rows(meta)
+            self._rows = query_rows(meta)
         else:
             super().plan(meta)
-
-    @staticmethod
-    def _query_rows(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per query row: its sequence's block-table row [T, W] int32 and the number of keys it
-        sees [T] int32 (its position + 1)."""
-        if meta.is_decode_only:
-            return meta.block_tables, meta.seq_lens
-        ext = torch.tensor(meta.extend_lens_cpu, dtype=torch.int64)
-        seq = torch.repeat_interleave(torch.arange(meta.num_seqs), ext)  # [T] sequence of row
-        start = torch.cumsum(ext, 0) - ext  # first row of each sequence
-        prefix = torch.tensor(meta.prefix_lens_cpu, dtype=torch.int64)
-        seen = prefix[seq] + torch.arange(meta.num_tokens) - start[seq] + 1
-        return (meta.block_tables.index_select(0, seq.to(meta.block_tables.device)).contiguous(),
-                seen.to(torch.int32).to(meta.seq_lens.device))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, layer_id: int) -> torch.Tensor:
