@@ -66,14 +66,11 @@ def test_graph_matches_per_op_path_on_the_default_model(greedy, kv_cache_dtype):
 def _staggered(core) -> dict[str, list[int]]:
     """Greedy requests that arrive while others decode: steps mixing a prompt's rows with
     decode rows (the CPU's mixed chunks), prompts longer than the test's 32-token chunks."""
-    import torch
-
     params = {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True}
     arrivals = {0: [list(range(100, 130))], 2: [list(range(40, 45)), list(range(800, 860))],
                 4: [list(range(1200, 1203))]}
     outs: dict[str, list[int]] = {}
     step = 0
-    torch.manual_seed(0)
     while step in arrivals or core.has_work():
         for i, p in enumerate(arrivals.get(step, [])):
             core.add_request(core.make_request(f"s{step}.{i}", p, dict(params)))
