@@ -7,6 +7,7 @@
 # weight shape at M = 1 and 8. `decode`: the batch-1/64 A/B of RESULTS.md, Llama-3-8B shape,
 # compile + prefill graphs, with the Triton GEMV off (cuBLAS only) and on (timed per shape).
 # `decode-fp8`: the same A/B with --quantization fp8 --kv-cache-dtype fp8_e4m3.
+# GEMV_MODES (default "off auto") sets which INFER_CUDA_GEMV settings `decode` runs, in order.
 # `profile`: the kernel-level breakdown of a compiled decode step. Each call must end within the
 # device tool's 10 minutes: `tests gemv`, then `decode`, then `decode-fp8 profile`.
 # `parallel`: the pending multi-GPU checks of issue 15 (NCCL collectives replayed inside a CUDA
@@ -62,7 +63,7 @@ fi
 # once with the Triton GEMV off (cuBLAS only) and once on (timed per shape)
 decode_ab() {
   local name=$1; shift
-  for gemv in off auto; do
+  for gemv in ${GEMV_MODES:-off auto}; do
     INFER_CUDA_GEMV=$gemv timeout ${DECODE_TIMEOUT:-240} python3 benchmarks/gpu/bench_engine.py --model llama3-8b \
       --batch 1 64 --enable-torch-compile --enable-piecewise-cuda-graph "$@" \
       --json-out "$OUT/${name}_gemv_$gemv.json" 2>&1 | grep -v "it/s\]" > "$OUT/${name}_gemv_$gemv.log"

@@ -125,11 +125,12 @@ def _layer(N, K, dtype, bias=True):
 def test_method_dispatch(monkeypatch, lead, gemv_calls):
     """force: small M takes the GEMV (3-d x flattened), large M takes F.linear."""
     monkeypatch.setenv("INFER_CUDA_GEMV", "force")
+    method, layer = _layer(37, 64, torch.bfloat16)
+    x = torch.randn(*lead, 64).to(torch.bfloat16).to(KERNEL_DEVICE)
+    method.apply(layer, x)  # on a GPU the first call times every config through g.gemv
     calls = []
     real = g.gemv
     monkeypatch.setattr(g, "gemv", lambda *a: calls.append(a) or real(*a))
-    method, layer = _layer(37, 64, torch.bfloat16)
-    x = torch.randn(*lead, 64).to(torch.bfloat16).to(KERNEL_DEVICE)
     out = method.apply(layer, x)
     assert out.shape == (*lead, 37) and len(calls) == gemv_calls
     _check(out.reshape(-1, 37), x.reshape(-1, 64), layer.weight, layer.bias)
@@ -224,11 +225,13 @@ def test_fp8_method_small_m_takes_the_gemv(monkeypatch, lead, gemv_calls):
     from infer_cuda.ops import linear_fp8
 
     monkeypatch.setenv("INFER_CUDA_GEMV", "force")
+    method, layer = _fp8_layer(48, 64, bias=True)
+    x = torch.randn(*lead, 64).to(torch.bfloat16).to(KERNEL_DEVICE)
+    if gemv_calls:  # on a GPU the first call times every config through g.gemv
+        method.apply(layer, x)
     calls = []
     real = g.gemv
     monkeypatch.setattr(g, "gemv", lambda *a: calls.append(a) or real(*a))
-    method, layer = _fp8_layer(48, 64, bias=True)
-    x = torch.randn(*lead, 64).to(torch.bfloat16).to(KERNEL_DEVICE)
     if gemv_calls == 0:  # large M: the torch path, stubbed where this torch has no CPU fp8 GEMM
         sentinel = torch.zeros(9, 48, dtype=torch.bfloat16, device=KERNEL_DEVICE)
         monkeypatch.setattr(linear_fp8, "scaled_mm_linear", lambda *a: sentinel)
