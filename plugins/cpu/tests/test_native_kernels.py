@@ -281,6 +281,26 @@ def test_paged_decode_gqa_groups_against_sdpa(h, hkv, d, seq_lens, page, threads
     torch.testing.assert_close(out, want, rtol=1e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize(("h", "hkv", "d"), [(9, 3, 64), (8, 2, 32), (16, 4, 128)])
+@pytest.mark.parametrize("page", [1, 16])
+def test_paged_decode_row_bits_do_not_depend_on_batch_or_threads(h, hkv, d, page):
+    """Each sequence's output is the same bits alone or beside others, on 1, 2 or 3 threads: the
+    kernel processes a sequence's KV heads together, or some of them when the thread split cuts
+    the sequence, and a query head's arithmetic must not depend on which."""
+    seq_lens = [70, 17, 130, 1, 48]
+    q, k, v, kc, vc, slots, tables = _paged_case(seq_lens, h, hkv, d, page, seed=h + page)
+    batch = {t: _paged_decode(q, k, v, kc.clone(), vc.clone(), slots, tables, seq_lens, page, t)
+             for t in (1, 2, 3)}
+    for t in (2, 3):
+        assert torch.equal(batch[t], batch[1]), t
+    for i, n in enumerate(seq_lens):
+        one = slice(i, i + 1)
+        for t in (1, 2, 3):
+            alone = _paged_decode(q[one], k[one], v[one], kc.clone(), vc.clone(), slots[one],
+                                  tables[one], [n], page, t)
+            assert torch.equal(alone[0], batch[1][i]), (i, t)
+
+
 def _bf16_case(seq_lens: list[int], h: int, hkv: int, d: int, page: int, seed: int = 0):
     """_paged_case with bf16 caches, and new keys whose first values sit on and next to the
     rounding ties of bf16 (lower 16 bits 0x8000 with an even and an odd upper half, and either

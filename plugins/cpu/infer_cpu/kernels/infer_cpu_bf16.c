@@ -29,6 +29,7 @@
 #include <immintrin.h>
 #endif
 #include "infer_cpu_vmath.h"
+#include "infer_cpu_attn.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define BF16_DP 1 /* vdpbf16ps on bf16 activation pairs */
@@ -721,6 +722,20 @@ static void attend_row(const bf16_attn *a, int r, int b, int g, float *s, float 
   const float *q = a->q + r * a->q_stride + (int64_t)g * G * D;
   const int32_t *bt = a->block_tables + b * a->bt_stride;
   int64_t row = (int64_t)a->Hkv * D;
+#ifdef INFER_ATTN_TILES
+  if (D % 32 == 0 && G <= 64) { /* the AVX2 register tiles (infer_cpu_attn.h) */
+    int64_t obuf[1024 + KV_BLOCK], *off = L <= 1024 ? obuf : malloc(sizeof(int64_t) * (size_t)L);
+    float inv[64];
+    if (off) {
+      attn_row_offsets(bt, a->page, row, L, off);
+      attn_kv_groups(q, g, g + 1, G, a->k_cache, a->v_cache, 1, off, L, D, a->scale, s, o, inv, o);
+      if (off != obuf) free(off);
+      bf16 *dst = a->out + (int64_t)r * a->H * D + (int64_t)g * G * D;
+      for (int i = 0; i < G * D; i++) dst[i] = f32_to_bf16(o[i]);
+      return;
+    }
+  }
+#endif
   for (int j = 0; j < L; j++) {
     int64_t slot = (int64_t)bt[j / a->page] * a->page + j % a->page;
     const bf16 *k = a->k_cache + slot * row + (int64_t)g * D;

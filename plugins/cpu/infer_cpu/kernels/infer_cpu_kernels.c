@@ -32,6 +32,7 @@
 #include <omp.h>
 #endif
 #include "infer_cpu_vmath.h"
+#include "infer_cpu_attn.h"
 
 #define QK 32
 
@@ -153,14 +154,6 @@ static inline float h2f(uint16_t h) {
 }
 
 #ifdef __AVX2__
-static inline float hsum256(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
-
 static inline __m256i unpack_q4(const uint8_t *qs) {
   const __m128i low = _mm_set1_epi8(0x0F);
   __m128i raw = _mm_loadu_si128((const __m128i *)qs);
@@ -1340,123 +1333,6 @@ static void attend_one(int bh, const float *q, int64_t q_stride, const void *k_c
   if (scores != sbuf) free(scores);
 }
 
-#ifdef __AVX2__
-/* 8 cache values at element i of base as floats (bf16: widened exactly). */
-static inline __m256 kv_load8(const void *base, int64_t i, int kv16) {
-  return kv16 ? vm_bf16x8_load((const uint16_t *)base + i) : _mm256_loadu_ps((const float *)base + i);
-}
-
-/* s[h * ls + j] = scale * (q_h . k_j) for nh <= 3 query heads (q_h = q + h D) and the L keys at
- * kb + off[j]. Tiles of 4 keys x nh heads: each key is loaded once for all the heads, and one
- * hadd tree turns the 4 x nh accumulators into 4 scores per head. */
-static inline __attribute__((always_inline)) void group_scores(
-    const float *q, int nh, const void *kb, int kv16, const int64_t *off, int L, int D, float scale,
-    float *s, int ls) {
-  const __m128 sc = _mm_set1_ps(scale);
-  int j = 0;
-  for (; j + 4 <= L; j += 4) {
-    int64_t k0 = off[j], k1 = off[j + 1], k2 = off[j + 2], k3 = off[j + 3];
-    __m256 a[3][4];
-    for (int h = 0; h < nh; h++)
-      for (int t = 0; t < 4; t++) a[h][t] = _mm256_setzero_ps();
-    for (int i = 0; i < D; i += 8) {
-      __m256 x0 = kv_load8(kb, k0 + i, kv16), x1 = kv_load8(kb, k1 + i, kv16),
-             x2 = kv_load8(kb, k2 + i, kv16), x3 = kv_load8(kb, k3 + i, kv16);
-      for (int h = 0; h < nh; h++) {
-        __m256 qv = _mm256_loadu_ps(q + (int64_t)h * D + i);
-        a[h][0] = _mm256_fmadd_ps(qv, x0, a[h][0]);
-        a[h][1] = _mm256_fmadd_ps(qv, x1, a[h][1]);
-        a[h][2] = _mm256_fmadd_ps(qv, x2, a[h][2]);
-        a[h][3] = _mm256_fmadd_ps(qv, x3, a[h][3]);
-      }
-    }
-    for (int h = 0; h < nh; h++) {
-      __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a[h][0], a[h][1]), _mm256_hadd_ps(a[h][2], a[h][3]));
-      __m128 r = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-      _mm_storeu_ps(s + (int64_t)h * ls + j, _mm_mul_ps(r, sc));
-    }
-  }
-  for (; j < L; j++) {
-    int64_t kj = off[j];
-    for (int h = 0; h < nh; h++) {
-      __m256 a = _mm256_setzero_ps();
-      for (int i = 0; i < D; i += 8)
-        a = _mm256_fmadd_ps(_mm256_loadu_ps(q + (int64_t)h * D + i), kv_load8(kb, kj + i, kv16), a);
-      s[(int64_t)h * ls + j] = hsum256(a) * scale;
-    }
-  }
-}
-
-/* o_h = inv[h] * sum_j p[h * ls + j] v_j for nh <= 3 heads (o_h = o + h D), the L values at
- * vb + off[j]; D a multiple of 32, done 32 columns at a time (4 x nh accumulators). */
-static inline __attribute__((always_inline)) void group_values(
-    const float *p, int ls, int nh, const void *vb, int kv16, const int64_t *off, int L, int D,
-    const float *inv, float *o) {
-  for (int i0 = 0; i0 < D; i0 += 32) {
-    __m256 a[3][4];
-    for (int h = 0; h < nh; h++)
-      for (int t = 0; t < 4; t++) a[h][t] = _mm256_setzero_ps();
-    for (int j = 0; j < L; j++) {
-      int64_t vj = off[j] + i0;
-      __m256 x0 = kv_load8(vb, vj, kv16), x1 = kv_load8(vb, vj + 8, kv16),
-             x2 = kv_load8(vb, vj + 16, kv16), x3 = kv_load8(vb, vj + 24, kv16);
-      for (int h = 0; h < nh; h++) {
-        __m256 ph = _mm256_broadcast_ss(p + (int64_t)h * ls + j);
-        a[h][0] = _mm256_fmadd_ps(ph, x0, a[h][0]);
-        a[h][1] = _mm256_fmadd_ps(ph, x1, a[h][1]);
-        a[h][2] = _mm256_fmadd_ps(ph, x2, a[h][2]);
-        a[h][3] = _mm256_fmadd_ps(ph, x3, a[h][3]);
-      }
-    }
-    for (int h = 0; h < nh; h++) {
-      __m256 sc = _mm256_set1_ps(inv[h]);
-      for (int t = 0; t < 4; t++)
-        _mm256_storeu_ps(o + (int64_t)h * D + i0 + 8 * t, _mm256_mul_ps(a[h][t], sc));
-    }
-  }
-}
-
-/* max_j s[j] */
-static float max_row(const float *s, int n) {
-  __m256 m = _mm256_set1_ps(-INFINITY);
-  int j = 0;
-  for (; j + 8 <= n; j += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + j));
-  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-  float mx = _mm_cvtss_f32(m4);
-  for (; j < n; j++) mx = s[j] > mx ? s[j] : mx;
-  return mx;
-}
-
-/* nh <= 3 query heads q [nh, D] against one KV head's L keys / values at kb / vb + off[j]:
- * o [nh, D] = softmax(q k^T * scale) v. s: nh * L floats of scratch. */
-static void attend_heads(const float *q, int nh, const void *kb, const void *vb, int kv16,
-                         const int64_t *off, int L, int D, float scale, float *s, float *o) {
-  float inv[3];
-  switch (nh * 2 + kv16) { /* constant head counts and cache types: the tiles stay in registers */
-  case 7: group_scores(q, 3, kb, 1, off, L, D, scale, s, L); break;
-  case 6: group_scores(q, 3, kb, 0, off, L, D, scale, s, L); break;
-  case 5: group_scores(q, 2, kb, 1, off, L, D, scale, s, L); break;
-  case 4: group_scores(q, 2, kb, 0, off, L, D, scale, s, L); break;
-  case 3: group_scores(q, 1, kb, 1, off, L, D, scale, s, L); break;
-  default: group_scores(q, 1, kb, 0, off, L, D, scale, s, L); break;
-  }
-  for (int h = 0; h < nh; h++) {
-    float *sh = s + (int64_t)h * L;
-    inv[h] = 1.f / exp_minus_max(sh, L, max_row(sh, L));
-  }
-  switch (nh * 2 + kv16) {
-  case 7: group_values(s, L, 3, vb, 1, off, L, D, inv, o); break;
-  case 6: group_values(s, L, 3, vb, 0, off, L, D, inv, o); break;
-  case 5: group_values(s, L, 2, vb, 1, off, L, D, inv, o); break;
-  case 4: group_values(s, L, 2, vb, 0, off, L, D, inv, o); break;
-  case 3: group_values(s, L, 1, vb, 1, off, L, D, inv, o); break;
-  default: group_values(s, L, 1, vb, 0, off, L, D, inv, o); break;
-  }
-}
-#endif
-
 typedef struct {
   const float *q;
   int64_t q_stride;
@@ -1470,45 +1346,61 @@ typedef struct {
   float scale;
 } decode_attn;
 
+#ifdef INFER_ATTN_TILES
+/* KV heads [g0, g1) of sequence b: attn_kv_groups over its pages. off: L + KV_BLOCK row offsets;
+ * s, acc, inv: scratch of nq * L, nq * D and nq floats (nq = (g1 - g0) * H / Hkv). */
+static void attend_seq(const decode_attn *a, int b, int g0, int g1, int64_t *off, float *s,
+                       float *acc, float *inv) {
+  int group = a->H / a->Hkv, L = a->seq_lens[b];
+  attn_row_offsets(a->block_tables + b * a->bt_stride, a->page, (int64_t)a->Hkv * a->D, L, off);
+  attn_kv_groups(a->q + b * a->q_stride + (int64_t)g0 * group * a->D, g0, g1, group, a->k_cache,
+                 a->v_cache, a->kv16, off, L, a->D, a->scale, s, acc, inv,
+                 a->out + ((int64_t)b * a->H + (int64_t)g0 * group) * a->D);
+}
+#endif
+
 /* The (sequence, KV head) units [u0, u1) of B * Hkv: the query heads of one KV head share its
- * keys and values, which are read once for all of them (in register tiles of up to 3 heads). */
+ * keys and values, which are read once for all of them (in register tiles of up to 3 heads);
+ * consecutive units of one sequence are done together (attend_seq). */
 static void attend_units(const decode_attn *a, int u0, int u1) {
   int group = a->H / a->Hkv;
-#ifdef __AVX2__
-  if (a->D % 32 == 0) {
-    int64_t row = (int64_t)a->Hkv * a->D;
-    int64_t obuf[2048];
-    float sbuf[6144];
+#ifdef INFER_ATTN_TILES
+  if (a->D % 32 == 0 && u0 < u1) {
+    int64_t obuf[2048 + KV_BLOCK];
+    float sbuf[8192], abuf[1024], ibuf[64];
     int64_t *off = obuf;
-    float *s = sbuf;
-    int cap = 0, cap_s = 0;
-    for (int u = u0; u < u1; u++) {
-      int b = u / a->Hkv, g = u % a->Hkv, L = a->seq_lens[b];
-      if (L > 2048 && L > cap) {
+    float *s = sbuf, *acc = abuf, *inv = ibuf;
+    int64_t cap = 2048, cap_s = 8192, cap_a = 1024, cap_i = 64;
+    for (int b = u0 / a->Hkv; b <= (u1 - 1) / a->Hkv; b++) {
+      int g0 = u0 > b * a->Hkv ? u0 - b * a->Hkv : 0;
+      int g1 = u1 < (b + 1) * a->Hkv ? u1 - b * a->Hkv : a->Hkv;
+      int64_t L = a->seq_lens[b], nq = (int64_t)(g1 - g0) * group;
+      if (L > cap) {
         if (off != obuf) free(off);
-        off = (int64_t *)malloc(sizeof(int64_t) * (size_t)L);
+        off = (int64_t *)malloc(sizeof(int64_t) * (size_t)(L + KV_BLOCK));
         cap = L;
       }
-      if (3 * L > 6144 && 3 * L > cap_s) {
+      if (nq * L > cap_s) {
         if (s != sbuf) free(s);
-        s = (float *)malloc(sizeof(float) * 3 * (size_t)L);
-        cap_s = 3 * L;
+        s = (float *)malloc(sizeof(float) * (size_t)(nq * L));
+        cap_s = nq * L;
       }
-      const int32_t *bt = a->block_tables + b * a->bt_stride;
-      for (int j = 0, p = 0; j < L; p++) { /* the row offset of every position, page by page */
-        int64_t r = (int64_t)bt[p] * a->page * row;
-        for (int i = 0; i < a->page && j < L; i++, r += row) off[j++] = r;
+      if (nq * a->D > cap_a) {
+        if (acc != abuf) free(acc);
+        acc = (float *)malloc(sizeof(float) * (size_t)(nq * a->D));
+        cap_a = nq * a->D;
       }
-      int64_t at = (int64_t)g * a->D * (a->kv16 ? 2 : 4); /* bytes */
-      for (int h0 = 0; h0 < group; h0 += 3) {
-        int nh = group - h0 < 3 ? group - h0 : 3, h = g * group + h0;
-        attend_heads(a->q + b * a->q_stride + (int64_t)h * a->D, nh, (const char *)a->k_cache + at,
-                     (const char *)a->v_cache + at, a->kv16, off, L, a->D, a->scale, s,
-                     a->out + ((int64_t)b * a->H + h) * a->D);
+      if (nq > cap_i) {
+        if (inv != ibuf) free(inv);
+        inv = (float *)malloc(sizeof(float) * (size_t)nq);
+        cap_i = nq;
       }
+      attend_seq(a, b, g0, g1, off, s, acc, inv);
     }
     if (off != obuf) free(off);
     if (s != sbuf) free(s);
+    if (acc != abuf) free(acc);
+    if (inv != ibuf) free(inv);
     return;
   }
 #endif

@@ -1,0 +1,202 @@
+/*
+ * Decode attention tiles over a paged float32 or bf16 KV cache (AVX2 + FMA), shared by the CPU
+ * plugin's two kernel libraries (infer_cpu_kernels.c: GGUF / float32 models, every query row;
+ * infer_cpu_bf16.c: bf16 models' decode rows where its AVX-512 tiles do not apply).
+ *
+ * Cache layout [pages, page, Hkv, D]: a position's row holds all its KV heads side by side.
+ * A query row's heads of KV head g are done in register tiles of up to 3 heads: scores 4 keys x
+ * heads at a time (each key loaded once for the heads), then softmax numerators in place
+ * (infer_cpu_vmath.h's exp), then the value sums 32 columns x heads at a time, divided by the
+ * exp sum at the end. The keys, then the values, are read in blocks of KV_BLOCK positions, each
+ * block's rows for every KV head of the call before the next block, so a call covering all of a
+ * row's KV heads reads each page as one contiguous run. A query head's arithmetic does not
+ * depend on which KV heads share its call: score tiles start at multiples of 4 either way, and
+ * each output lane is one FMA chain over the positions in order (carried in acc between blocks).
+ */
+#ifndef INFER_CPU_ATTN_H
+#define INFER_CPU_ATTN_H
+
+#include "infer_cpu_vmath.h"
+
+#ifndef KV_BLOCK
+#define KV_BLOCK 16 /* positions per block: a multiple of group_scores' 4-key tile */
+#endif
+
+/* off[j] = the element offset of position j's cache row (row elements per position), j < L,
+ * from the sequence's page table. */
+static inline void attn_row_offsets(const int32_t *bt, int page, int64_t row, int L, int64_t *off) {
+  for (int j = 0, p = 0; j < L; p++) {
+    int64_t r = (int64_t)bt[p] * page * row;
+    for (int i = 0; i < page && j < L; i++, r += row) off[j++] = r;
+  }
+}
+
+#if defined(__AVX2__)
+/* The sum of v's 8 lanes. */
+static inline float hsum256(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+#define INFER_ATTN_TILES 1
+
+/* 8 cache values at element i of base as floats (bf16: widened exactly). */
+static inline __m256 kv_load8(const void *base, int64_t i, int kv16) {
+  return kv16 ? vm_bf16x8_load((const uint16_t *)base + i) : _mm256_loadu_ps((const float *)base + i);
+}
+
+/* s[h * ls + j] = scale * (q_h . k_j) for nh <= 3 query heads (q_h = q + h D) and the L keys at
+ * kb + off[j]. Tiles of 4 keys x nh heads: each key is loaded once for all the heads, and one
+ * hadd tree turns the 4 x nh accumulators into 4 scores per head. */
+static inline __attribute__((always_inline)) void group_scores(
+    const float *q, int nh, const void *kb, int kv16, const int64_t *off, int L, int D, float scale,
+    float *s, int ls) {
+  const __m128 sc = _mm_set1_ps(scale);
+  int j = 0;
+  for (; j + 4 <= L; j += 4) {
+    int64_t k0 = off[j], k1 = off[j + 1], k2 = off[j + 2], k3 = off[j + 3];
+    __m256 a[3][4];
+    for (int h = 0; h < nh; h++)
+      for (int t = 0; t < 4; t++) a[h][t] = _mm256_setzero_ps();
+    for (int i = 0; i < D; i += 8) {
+      __m256 x0 = kv_load8(kb, k0 + i, kv16), x1 = kv_load8(kb, k1 + i, kv16),
+             x2 = kv_load8(kb, k2 + i, kv16), x3 = kv_load8(kb, k3 + i, kv16);
+      for (int h = 0; h < nh; h++) {
+        __m256 qv = _mm256_loadu_ps(q + (int64_t)h * D + i);
+        a[h][0] = _mm256_fmadd_ps(qv, x0, a[h][0]);
+        a[h][1] = _mm256_fmadd_ps(qv, x1, a[h][1]);
+        a[h][2] = _mm256_fmadd_ps(qv, x2, a[h][2]);
+        a[h][3] = _mm256_fmadd_ps(qv, x3, a[h][3]);
+      }
+    }
+    for (int h = 0; h < nh; h++) {
+      __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a[h][0], a[h][1]), _mm256_hadd_ps(a[h][2], a[h][3]));
+      __m128 r = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+      _mm_storeu_ps(s + (int64_t)h * ls + j, _mm_mul_ps(r, sc));
+    }
+  }
+  for (; j < L; j++) {
+    int64_t kj = off[j];
+    for (int h = 0; h < nh; h++) {
+      __m256 a = _mm256_setzero_ps();
+      for (int i = 0; i < D; i += 8)
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(q + (int64_t)h * D + i), kv_load8(kb, kj + i, kv16), a);
+      s[(int64_t)h * ls + j] = hsum256(a) * scale;
+    }
+  }
+}
+
+/* acc_h (+)= sum_{j0 <= j < j1} p[h * ls + j] v_j for nh <= 3 heads (acc_h = acc + h D), the
+ * values at vb + off[j]; D a multiple of 32, done 32 columns at a time (4 x nh accumulators).
+ * first: start from zero, else from acc. Each lane is one FMA chain over j in order, so blocks
+ * j0 < j1 <= j2 ... give the bits of one pass over all the keys (acc holds it between them). */
+static inline __attribute__((always_inline)) void group_values(
+    const float *p, int ls, int nh, const void *vb, int kv16, const int64_t *off, int j0, int j1,
+    int D, int first, float *acc) {
+  for (int i0 = 0; i0 < D; i0 += 32) {
+    __m256 a[3][4];
+    for (int h = 0; h < nh; h++)
+      for (int t = 0; t < 4; t++)
+        a[h][t] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + (int64_t)h * D + i0 + 8 * t);
+    for (int j = j0; j < j1; j++) {
+      int64_t vj = off[j] + i0;
+      __m256 x0 = kv_load8(vb, vj, kv16), x1 = kv_load8(vb, vj + 8, kv16),
+             x2 = kv_load8(vb, vj + 16, kv16), x3 = kv_load8(vb, vj + 24, kv16);
+      for (int h = 0; h < nh; h++) {
+        __m256 ph = _mm256_broadcast_ss(p + (int64_t)h * ls + j);
+        a[h][0] = _mm256_fmadd_ps(ph, x0, a[h][0]);
+        a[h][1] = _mm256_fmadd_ps(ph, x1, a[h][1]);
+        a[h][2] = _mm256_fmadd_ps(ph, x2, a[h][2]);
+        a[h][3] = _mm256_fmadd_ps(ph, x3, a[h][3]);
+      }
+    }
+    for (int h = 0; h < nh; h++)
+      for (int t = 0; t < 4; t++) _mm256_storeu_ps(acc + (int64_t)h * D + i0 + 8 * t, a[h][t]);
+  }
+}
+
+/* max_j s[j] */
+static float max_row(const float *s, int n) {
+  __m256 m = _mm256_set1_ps(-INFINITY);
+  int j = 0;
+  for (; j + 8 <= n; j += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + j));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  float mx = _mm_cvtss_f32(m4);
+  for (; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+  return mx;
+}
+
+/* group_scores / group_values with constant head counts and cache types (the tiles stay in
+ * registers). */
+static void scores_tile(const float *q, int nh, const void *kb, int kv16, const int64_t *off,
+                        int L, int D, float scale, float *s, int ls) {
+  switch (nh * 2 + kv16) {
+  case 7: group_scores(q, 3, kb, 1, off, L, D, scale, s, ls); break;
+  case 6: group_scores(q, 3, kb, 0, off, L, D, scale, s, ls); break;
+  case 5: group_scores(q, 2, kb, 1, off, L, D, scale, s, ls); break;
+  case 4: group_scores(q, 2, kb, 0, off, L, D, scale, s, ls); break;
+  case 3: group_scores(q, 1, kb, 1, off, L, D, scale, s, ls); break;
+  default: group_scores(q, 1, kb, 0, off, L, D, scale, s, ls); break;
+  }
+}
+
+static void values_tile(const float *p, int ls, int nh, const void *vb, int kv16,
+                        const int64_t *off, int j0, int j1, int D, int first, float *acc) {
+  switch (nh * 2 + kv16) {
+  case 7: group_values(p, ls, 3, vb, 1, off, j0, j1, D, first, acc); break;
+  case 6: group_values(p, ls, 3, vb, 0, off, j0, j1, D, first, acc); break;
+  case 5: group_values(p, ls, 2, vb, 1, off, j0, j1, D, first, acc); break;
+  case 4: group_values(p, ls, 2, vb, 0, off, j0, j1, D, first, acc); break;
+  case 3: group_values(p, ls, 1, vb, 1, off, j0, j1, D, first, acc); break;
+  default: group_values(p, ls, 1, vb, 0, off, j0, j1, D, first, acc); break;
+  }
+}
+
+/* Query heads of KV heads [g0, g1) of one query row over its L positions: q [nq, D] (the row's
+ * head g0 * group onwards, nq = (g1 - g0) * group), caches kc / vc (float32, or bf16 when
+ * kv16) with position j's row at element off[j]; o [nq, D] = softmax(q k^T * scale) v, float32
+ * (o may be acc). Scratch: s [nq, L], acc [nq, D], inv [nq]. D a multiple of 32. */
+static void attn_kv_groups(const float *q, int g0, int g1, int group, const void *kc,
+                           const void *vc, int kv16, const int64_t *off, int L, int D,
+                           float scale, float *s, float *acc, float *inv, float *o) {
+  int nq = (g1 - g0) * group, esz = kv16 ? 2 : 4;
+  const char *kb = (const char *)kc, *vb = (const char *)vc;
+  for (int j0 = 0; j0 < L; j0 += KV_BLOCK) {
+    int jn = L - j0 < KV_BLOCK ? L - j0 : KV_BLOCK;
+    for (int g = g0; g < g1; g++)
+      for (int h0 = 0; h0 < group; h0 += 3) {
+        int nh = group - h0 < 3 ? group - h0 : 3, hl = (g - g0) * group + h0;
+        scores_tile(q + (int64_t)hl * D, nh, kb + (int64_t)g * D * esz, kv16, off + j0, jn, D,
+                    scale, s + (int64_t)hl * L + j0, L);
+      }
+  }
+  for (int hl = 0; hl < nq; hl++) {
+    float *sh = s + (int64_t)hl * L;
+    inv[hl] = 1.f / vm_exp_sub(sh, L, 1.f, max_row(sh, L));
+  }
+  for (int j0 = 0; j0 < L; j0 += KV_BLOCK) {
+    int j1 = L - j0 < KV_BLOCK ? L : j0 + KV_BLOCK;
+    for (int g = g0; g < g1; g++)
+      for (int h0 = 0; h0 < group; h0 += 3) {
+        int nh = group - h0 < 3 ? group - h0 : 3, hl = (g - g0) * group + h0;
+        values_tile(s + (int64_t)hl * L, L, nh, vb + (int64_t)g * D * esz, kv16, off, j0, j1, D,
+                    j0 == 0, acc + (int64_t)hl * D);
+      }
+  }
+  for (int hl = 0; hl < nq; hl++) {
+    __m256 sc = _mm256_set1_ps(inv[hl]);
+    for (int i = 0; i < D; i += 8)
+      _mm256_storeu_ps(o + (int64_t)hl * D + i,
+                       _mm256_mul_ps(_mm256_loadu_ps(acc + (int64_t)hl * D + i), sc));
+  }
+}
+#endif
+
+#endif /* INFER_CPU_ATTN_H */
