@@ -286,8 +286,10 @@ def render(summary: dict) -> str:
     lines = [BEGIN, "## CPU serving: vLLM's CPU build vs infer (issue 14)", "",
              f"SmolLM2-135M-Instruct; vLLM {VLLM.split()[0]} 0.32.0 and infer bf16 serve the same "
              "bf16 folder (converted from the default GGUF with transformers), infer's default "
-             "serves the Q4_1 GGUF (int16 activations), and the last infer row serves it with the opt-in int8 "
-             "activations (`INFER_CPU_ACTIVATIONS=int8`). Client: `infer bench serving` (bench_serving's metrics), "
+             "serves the Q4_1 GGUF (int16 activations)"
+             + (", and the last infer row serves it with the opt-in int8 activations "
+                "(`INFER_CPU_ACTIVATIONS=int8`)" if INFER_Q4_I8 in servers else "")
+             + ". Client: `infer bench serving` (bench_serving's metrics), "
              f"random ids, {args.get('input_len')} in / {args.get('output_len')} out, "
              f"{args.get('rounds')} rounds with the servers alternating, best round per cell. "
              "Where vLLM ran in both bf16 and float32, \"x vLLM\" compares with the faster of the "
