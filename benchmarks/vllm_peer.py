@@ -87,21 +87,24 @@ def server_commands(args: argparse.Namespace, folder: Path) -> dict[str, tuple[l
                            str(venv_lib / "libiomp5.so")) if Path(p).exists()]
     vllm_env = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
                 "LD_PRELOAD": ":".join(preload)}
+
     def vllm(dtype: str) -> tuple[list[str], dict]:
         return ([args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model",
                  str(folder), "--dtype", dtype, "--port", "{port}", "--max-model-len", "2048"],
                 vllm_env)
+
+    def q4(activations: str | None) -> tuple[list[str], dict]:
+        return (["infer", "serve", "--model-path", "smollm2", "--port", "{port}"],
+                {"INFER_CPU_ACTIVATIONS": activations} if activations else {})
 
     return {
         VLLM: vllm("bfloat16"),
         VLLM_F32: vllm("float32"),
         INFER_BF16: (["infer", "serve", "--model-path", str(folder), "--dtype", "bfloat16",
                       "--port", "{port}"], {}),
-        INFER_Q4: (["infer", "serve", "--model-path", "smollm2", "--port", "{port}"], {}),
-        INFER_Q4_I8: (["infer", "serve", "--model-path", "smollm2", "--port", "{port}"],
-                      {"INFER_CPU_ACTIVATIONS": "int8"}),
-        INFER_Q4_F32: (["infer", "serve", "--model-path", "smollm2", "--port", "{port}"],
-                       {"INFER_CPU_ACTIVATIONS": "float32"}),
+        INFER_Q4: q4(None),
+        INFER_Q4_I8: q4("int8"),
+        INFER_Q4_F32: q4("float32"),
     }
 
 

@@ -724,7 +724,7 @@ static void attend_row(const bf16_attn *a, int r, int b, int g, float *s, float 
   int64_t row = (int64_t)a->Hkv * D;
 #ifdef INFER_ATTN_TILES
   if (D % 32 == 0 && G <= 64) { /* the AVX2 register tiles (infer_cpu_attn.h) */
-    int64_t obuf[1024 + KV_BLOCK], *off = L <= 1024 ? obuf : malloc(sizeof(int64_t) * (size_t)L);
+    int64_t obuf[1024], *off = L <= 1024 ? obuf : malloc(sizeof(int64_t) * (size_t)L);
     float inv[64];
     if (off) {
       attn_row_offsets(bt, a->page, row, L, off);

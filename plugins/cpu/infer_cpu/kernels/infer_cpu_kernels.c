@@ -1348,8 +1348,8 @@ typedef struct {
 } decode_attn;
 
 #ifdef INFER_ATTN_TILES
-/* KV heads [g0, g1) of sequence b: attn_kv_groups over its pages. off: L + KV_BLOCK row offsets;
- * s, acc, inv: scratch of nq * L, nq * D and nq floats (nq = (g1 - g0) * H / Hkv). */
+/* KV heads [g0, g1) of sequence b: attn_kv_groups over its pages. off: L row offsets; s, acc,
+ * inv: scratch of nq * L, nq * D and nq floats (nq = (g1 - g0) * H / Hkv). */
 static void attend_seq(const decode_attn *a, int b, int g0, int g1, int64_t *off, float *s,
                        float *acc, float *inv) {
   int group = a->H / a->Hkv, L = a->seq_lens[b];
@@ -1367,41 +1367,25 @@ static void attend_units(const decode_attn *a, int u0, int u1) {
   int group = a->H / a->Hkv;
 #ifdef INFER_ATTN_TILES
   if (a->D % 32 == 0 && u0 < u1) {
-    int64_t obuf[2048 + KV_BLOCK];
-    float sbuf[8192], abuf[1024], ibuf[64];
-    int64_t *off = obuf;
-    float *s = sbuf, *acc = abuf, *inv = ibuf;
-    int64_t cap = 2048, cap_s = 8192, cap_a = 1024, cap_i = 64;
+    /* one scratch per call: the row offsets, then the scores, sums and inverse exp sums */
+    _Alignas(32) char sbuf[56 * 1024];
+    char *buf = sbuf;
+    size_t cap = sizeof sbuf;
     for (int b = u0 / a->Hkv; b <= (u1 - 1) / a->Hkv; b++) {
       int g0 = u0 > b * a->Hkv ? u0 - b * a->Hkv : 0;
       int g1 = u1 < (b + 1) * a->Hkv ? u1 - b * a->Hkv : a->Hkv;
       int64_t L = a->seq_lens[b], nq = (int64_t)(g1 - g0) * group;
-      if (L > cap) {
-        if (off != obuf) free(off);
-        off = (int64_t *)malloc(sizeof(int64_t) * (size_t)(L + KV_BLOCK));
-        cap = L;
+      size_t need = sizeof(int64_t) * (size_t)L + sizeof(float) * (size_t)(nq * (L + a->D + 1));
+      if (need > cap) {
+        if (buf != sbuf) free(buf);
+        buf = (char *)malloc(need);
+        cap = need;
       }
-      if (nq * L > cap_s) {
-        if (s != sbuf) free(s);
-        s = (float *)malloc(sizeof(float) * (size_t)(nq * L));
-        cap_s = nq * L;
-      }
-      if (nq * a->D > cap_a) {
-        if (acc != abuf) free(acc);
-        acc = (float *)malloc(sizeof(float) * (size_t)(nq * a->D));
-        cap_a = nq * a->D;
-      }
-      if (nq > cap_i) {
-        if (inv != ibuf) free(inv);
-        inv = (float *)malloc(sizeof(float) * (size_t)nq);
-        cap_i = nq;
-      }
+      int64_t *off = (int64_t *)buf;
+      float *s = (float *)(off + L), *acc = s + nq * L, *inv = acc + nq * a->D;
       attend_seq(a, b, g0, g1, off, s, acc, inv);
     }
-    if (off != obuf) free(off);
-    if (s != sbuf) free(s);
-    if (acc != abuf) free(acc);
-    if (inv != ibuf) free(inv);
+    if (buf != sbuf) free(buf);
     return;
   }
 #endif
