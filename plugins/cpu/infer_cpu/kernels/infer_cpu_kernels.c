@@ -726,9 +726,10 @@ typedef struct {
   void *p;
   size_t cap;
 } scratch;
-static __thread scratch tl_act, tl_w;
+static __thread scratch tl_act;
 #ifdef __AVX2__
 static __thread scratch tl_x16; /* int8 codes widened to int16 (the pair tiles, one-row path) */
+static __thread scratch tl_w;   /* a repacked weight tile */
 #endif
 
 static void *scratch_get(scratch *s, size_t n) {
@@ -822,9 +823,11 @@ static float int_dot_ref(int kind, const void *w, int n, const i8_act *a, int m)
 #define TW 16 /* weight rows per tile: one zmm of int32 lanes */
 #define IMR 8 /* activation rows per register tile */
 #elif defined(__AVX2__)
-#define TW 8
-#define IMR 8 /* 8 rows x 8 outputs: 8 int32 sums and 8 float chains (the latter spill; measured
-                 faster than 4 or 6 rows on Zen 3 from 12 rows on) */
+#define TW 16 /* two ymm of int32 lanes: a broadcast activation pair feeds two multiplies, which
+                 keeps the multiply-adds within Zen 3's dispatch width (one ymm: 3 ops for each) */
+#ifndef IMR
+#define IMR 6 /* 6 rows x 16 outputs: 12 int32 sums in registers (the float chains spill) */
+#endif
 #endif
 
 #ifdef __AVX2__
@@ -1041,28 +1044,32 @@ static void i8_repack(int kind, const void *w, int nb, int n0, int tw, int quads
       }
     }
 #else
-    { /* pairs: each row's codes as int16 (pairs 0..7, 8..15: a dword each), two 8 x 8
-       * transposes into [16 pairs][TW rows], then the 8 rows' scales converted together */
-      __m256i lo[TW], hi[TW];
-      for (int r = 0; r < TW; r++) {
-        if (r < tw)
-          block_int16(kind, (const char *)block_at(kind, w, (int64_t)(n0 + r) * nb + b), lo + r, hi + r);
-        else
-          lo[r] = hi[r] = _mm256_setzero_si256();
-      }
-      transpose8_epi32(lo);
-      transpose8_epi32(hi);
-      __m256i *o = (__m256i *)cb;
-      for (int p = 0; p < 8; p++) {
-        _mm256_store_si256(o + p, lo[p]);
-        _mm256_store_si256(o + 8 + p, hi[p]);
+    { /* pairs: per 8 rows, each row's codes as int16 (pairs 0..7, 8..15: a dword each), two
+       * 8 x 8 transposes: pair g of rows 8h..8h + 7 at cb + g * TW * 4 + 32 h; then the rows'
+       * scales converted 8 at a time */
+      for (int h = 0; h < TW / 8; h++) {
+        __m256i lo[8], hi[8];
+        for (int r = 0; r < 8; r++) {
+          if (8 * h + r < tw)
+            block_int16(kind, (const char *)block_at(kind, w, (int64_t)(n0 + 8 * h + r) * nb + b), lo + r, hi + r);
+          else
+            lo[r] = hi[r] = _mm256_setzero_si256();
+        }
+        transpose8_epi32(lo);
+        transpose8_epi32(hi);
+        for (int p = 0; p < 8; p++) {
+          _mm256_store_si256((__m256i *)(cb + (size_t)p * TW * 4 + 32 * h), lo[p]);
+          _mm256_store_si256((__m256i *)(cb + (size_t)(8 + p) * TW * 4 + 32 * h), hi[p]);
+        }
       }
       if (tw == TW) {
-        __m256 vd, vm;
-        scales8((const char *)block_at(kind, w, (int64_t)n0 * nb + b),
-                nb * (kind == 4 ? (int64_t)sizeof(block_q4) : (int64_t)sizeof(block_q8)), &vd, &vm);
-        _mm256_storeu_ps(dw + (size_t)b * TW, vd);
-        _mm256_storeu_ps(mw + (size_t)b * TW, kind == 4 ? vm : _mm256_setzero_ps());
+        for (int h = 0; h < TW / 8; h++) {
+          __m256 vd, vm;
+          scales8((const char *)block_at(kind, w, (int64_t)(n0 + 8 * h) * nb + b),
+                  nb * (kind == 4 ? (int64_t)sizeof(block_q4) : (int64_t)sizeof(block_q8)), &vd, &vm);
+          _mm256_storeu_ps(dw + (size_t)b * TW + 8 * h, vd);
+          _mm256_storeu_ps(mw + (size_t)b * TW + 8 * h, kind == 4 ? vm : _mm256_setzero_ps());
+        }
         continue;
       }
     }
@@ -1091,27 +1098,37 @@ typedef __m512i vtw_i;
 #define VTW_MUL(a, b) _mm512_mul_ps(a, b)
 #define VTW_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define VTW_STORE_F(p, v) _mm512_storeu_ps(p, v)
+#define VTW_PIN(v) (void)0 /* vpdpwssd accumulates: nothing to reassociate */
 #else
-typedef __m256 vtw_f;
-typedef __m256i vtw_i;
-#define VTW_ZERO_I() _mm256_setzero_si256()
-#define VTW_ZERO_F() _mm256_setzero_ps()
-#define VTW_LOAD_I(p) _mm256_load_si256((const __m256i *)(p))
-#define VTW_LOAD_F(p) _mm256_loadu_ps(p)
-#define VTW_SET1_I(v) _mm256_set1_epi32(v)
-#define VTW_SET1_F(v) _mm256_set1_ps(v)
+/* TW = 16 lanes as two ymm; a broadcast is the same value in both halves (one register) */
+typedef struct {
+  __m256 v[2];
+} vtw_f;
+typedef struct {
+  __m256i v[2];
+} vtw_i;
+#define VTW2(T, e0, e1) ((T){{(e0), (e1)}})
+#define VTW_ZERO_I() VTW2(vtw_i, _mm256_setzero_si256(), _mm256_setzero_si256())
+#define VTW_ZERO_F() VTW2(vtw_f, _mm256_setzero_ps(), _mm256_setzero_ps())
+#define VTW_LOAD_I(p) VTW2(vtw_i, _mm256_load_si256((const __m256i *)(p)), _mm256_load_si256((const __m256i *)(p) + 1))
+#define VTW_LOAD_F(p) VTW2(vtw_f, _mm256_loadu_ps(p), _mm256_loadu_ps((p) + 8))
+#define VTW_SET1_I(x) VTW2(vtw_i, _mm256_set1_epi32(x), _mm256_set1_epi32(x))
+#define VTW_SET1_F(x) VTW2(vtw_f, _mm256_set1_ps(x), _mm256_set1_ps(x))
 #define VTW_DOT4(acc, w, x) VTW_DOT2(acc, w, x) /* no quads without VNNI */
-#define VTW_DOT2(acc, w, x) _mm256_add_epi32(acc, _mm256_madd_epi16(w, x))
-#define VTW_SUB_I(a, b) _mm256_sub_epi32(a, b)
-#define VTW_CVT(a) _mm256_cvtepi32_ps(a)
-#define VTW_MUL(a, b) _mm256_mul_ps(a, b)
-#define VTW_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
-#define VTW_STORE_F(p, v) _mm256_storeu_ps(p, v)
-#endif
-/* Keeps an integer accumulator in a register at this point. Integer adds associate, and without
+#define VTW_DOT2(acc, w, x)                                                              \
+  VTW2(vtw_i, _mm256_add_epi32((acc).v[0], _mm256_madd_epi16((w).v[0], (x).v[0])),      \
+       _mm256_add_epi32((acc).v[1], _mm256_madd_epi16((w).v[1], (x).v[1])))
+#define VTW_SUB_I(a, b) VTW2(vtw_i, _mm256_sub_epi32((a).v[0], (b).v[0]), _mm256_sub_epi32((a).v[1], (b).v[1]))
+#define VTW_CVT(a) VTW2(vtw_f, _mm256_cvtepi32_ps((a).v[0]), _mm256_cvtepi32_ps((a).v[1]))
+#define VTW_MUL(a, b) VTW2(vtw_f, _mm256_mul_ps((a).v[0], (b).v[0]), _mm256_mul_ps((a).v[1], (b).v[1]))
+#define VTW_FMA(a, b, c)                                                                 \
+  VTW2(vtw_f, _mm256_fmadd_ps((a).v[0], (b).v[0], (c).v[0]), _mm256_fmadd_ps((a).v[1], (b).v[1], (c).v[1]))
+#define VTW_STORE_F(p, a) (_mm256_storeu_ps(p, (a).v[0]), _mm256_storeu_ps((p) + 8, (a).v[1]))
+/* Keeps an integer accumulator in registers at this point. Integer adds associate, and without
  * this GCC rewrites a tile's 16-group chains as trees over all the products, spilled to the stack
  * (measured: a third of the multiply rate on Zen 3). */
-#define VTW_PIN(v) __asm__("" : "+x"(v))
+#define VTW_PIN(a) __asm__("" : "+x"((a).v[0]), "+x"((a).v[1]))
+#endif
 
 /* A repacked tile (buf) against MR activation rows m0.. of a: out[m] = the TW outputs of row m
  * before the bias. Quads read a's int8 codes; pairs read x16 (int16 codes [M, K]: a's own, or its
@@ -1159,6 +1176,8 @@ static inline __attribute__((always_inline)) void i8_tile(int q4, int quads, con
   }
 #if IMR == 8
 #define I8T_WIDE I8T(1, 5) I8T(0, 5) I8T(1, 6) I8T(0, 6) I8T(1, 7) I8T(0, 7) I8T(1, 8) I8T(0, 8)
+#elif IMR == 6
+#define I8T_WIDE I8T(1, 5) I8T(0, 5) I8T(1, 6) I8T(0, 6)
 #else
 #define I8T_WIDE
 #endif
@@ -1209,10 +1228,14 @@ static void i8_gemm(int kind, const i8_act *a, int M, const void *w, const float
       for (int c = n0; c < n1; c += TW) {
         int tw = n1 - c < TW ? n1 - c : TW;
         i8_repack(kind, w, nb, c, tw, quads, buf);
-        for (int m0 = mb; m0 < me; m0 += IMR) {
-          int mr = me - m0 < IMR ? me - m0 : IMR;
+        /* the block's rows in nt register tiles of sizes differing by at most one (8 rows: 4 + 4,
+         * not 6 + 2): which rows share a tile does not change any row's arithmetic */
+        int rows = me - mb, nt = (rows + IMR - 1) / IMR;
+        for (int t = 0, m0 = mb; t < nt; t++) {
+          int mr = rows / nt + (t < rows % nt);
           i8_tile_any(q4, quads, buf, a, x16, m0, mr, out);
           for (int m = 0; m < mr; m++) memcpy(y + (int64_t)(m0 + m) * y_stride + c, out + m * TW, sizeof(float) * tw);
+          m0 += mr;
         }
       }
     }
