@@ -825,9 +825,7 @@ static float int_dot_ref(int kind, const void *w, int n, const i8_act *a, int m)
 #elif defined(__AVX2__)
 #define TW 16 /* two ymm of int32 lanes: a broadcast activation pair feeds two multiplies, which
                  keeps the multiply-adds within Zen 3's dispatch width (one ymm: 3 ops for each) */
-#ifndef IMR
 #define IMR 6 /* 6 rows x 16 outputs: 12 int32 sums in registers (the float chains spill) */
-#endif
 #endif
 
 #ifdef __AVX2__
