@@ -37,17 +37,22 @@ FUSED = {"qkv": ["attn_q", "attn_k", "attn_v"], "o": ["attn_output"],
          "gate_up": ["ffn_gate", "ffn_up"], "down": ["ffn_down"]}
 
 
-def layer0(path: Path) -> dict[str, QWeight]:
-    """The four projections of block 0 as the native kernels take them."""
-    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+def fused_layer(tensors: dict, layer: int) -> dict[str, QWeight]:
+    """The four projections of block ``layer`` (``tensors``: the GGUF's by name) as the native
+    kernels take them."""
     out = {}
     for name, parts in FUSED.items():
-        ts = [tensors[f"blk.0.{p}.weight"] for p in parts]
+        ts = [tensors[f"blk.{layer}.{p}.weight"] for p in parts]
         if len({t.tensor_type for t in ts}) != 1:
             raise SystemExit(f"{name}: parts of mixed block types {[t.tensor_type.name for t in ts]}")
         raw = torch.cat([torch.from_numpy(t.data.copy()) for t in ts])  # [N, bytes per row]
         out[name] = gguf_qweight(raw, Q(ts[0].tensor_type), raw.shape[0])
     return out
+
+
+def layer0(path: Path) -> dict[str, QWeight]:
+    """The four projections of block 0 as the native kernels take them."""
+    return fused_layer({t.name: t for t in gguf.GGUFReader(path).tensors}, 0)
 
 
 def lm_head_q8(path: Path) -> QWeight:

@@ -20,10 +20,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CPU plugin runs (s
 
 import gguf  # noqa: E402
 import torch  # noqa: E402
-from cpu_qgemm_micro import FUSED, lm_head_q8, loadavg  # noqa: E402
+from cpu_qgemm_micro import fused_layer, lm_head_q8, loadavg  # noqa: E402
 from infer.core.model.loader.default_model import ensure_default_model  # noqa: E402
 from infer_cpu import kernels  # noqa: E402
-from infer_cpu.quant.packing import Q, QWeight, gguf_qweight  # noqa: E402
+from infer_cpu.quant.packing import QWeight  # noqa: E402
 
 
 def stack(precision: str) -> list[QWeight]:
@@ -31,14 +31,8 @@ def stack(precision: str) -> list[QWeight]:
     path = ensure_default_model()
     tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
     layers = 1 + max(int(n.split(".")[1]) for n in tensors if n.startswith("blk."))
-    out = []
-    for layer in range(layers):
-        for parts in FUSED.values():
-            ts = [tensors[f"blk.{layer}.{p}.weight"] for p in parts]
-            raw = torch.cat([torch.from_numpy(t.data.copy()) for t in ts])
-            out.append(gguf_qweight(raw, Q(ts[0].tensor_type), raw.shape[0]).with_activations(precision))
-    out.append(lm_head_q8(path).with_activations(precision))
-    return out
+    out = [w for layer in range(layers) for w in fused_layer(tensors, layer).values()]
+    return [w.with_activations(precision) for w in [*out, lm_head_q8(path)]]
 
 
 def main() -> None:
