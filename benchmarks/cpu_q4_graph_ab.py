@@ -1,0 +1,125 @@
+"""The default model's native stack (``infer_decode_layers``: every decode, prefill and mixed step
+of the GGUF model, the LM head aside) of this checkout's kernels against another version's, in
+the real engine over an offline workload, each step run by both libraries back to back.
+
+    python benchmarks/cpu_q4_graph_ab.py --compare HEAD [--max-running 8 32] [--prompts 32]
+
+An ``EngineCore`` on the default model (int16 activations unless ``INFER_CPU_ACTIVATIONS`` says
+otherwise) serves ``--prompts`` random-id requests (128 in / 128 out) at most ``--max-running`` at
+a time. Its graph runner's native call is wrapped: each step's hidden rows are saved, both
+libraries run the step in turn from the same rows (the order alternating step by step), and the
+outputs must be the same bits (the KV rows each writes are the same too, so the second write is a
+no-op). The two libraries then saw the same batches at the same moments, so the machine's load
+moves both alike; the table gives each one's total time per kind of step (decode by batch size;
+prefill and mixed steps together) and the ratio. No timing is asserted anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import random
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from cpu_qgemm_micro import build_other  # noqa: E402
+from infer_cpu import kernels  # noqa: E402
+
+
+class PairedCall:
+    """Stands in for the graph's ``infer_decode_layers``: runs every library on the same rows."""
+
+    def __init__(self, libs: dict[str, ctypes.CDLL], hidden: int) -> None:
+        self.libs, self.hidden, self.n = libs, hidden, 0
+        self.times: dict[tuple[str, str], list[float]] = defaultdict(list)
+
+    def __call__(self, table, n_layers, h_ptr, rows, *rest):
+        n = rows * self.hidden
+        h = torch.frombuffer((ctypes.c_float * n).from_address(h_ptr), dtype=torch.float32)
+        h0, outs = h.clone(), {}
+        names = list(self.libs) if self.n % 2 == 0 else list(self.libs)[::-1]
+        decode = kernels._threads[0]  # the count the runner just set (tree library)
+        kind = f"decode {rows}" if self._decode else "prefill / mixed"
+        for name in names:
+            lib = self.libs[name]
+            lib.infer_set_threads(decode)
+            h.copy_(h0)
+            t = time.perf_counter()
+            rc = lib.infer_decode_layers(table, n_layers, h_ptr, rows, *rest)
+            self.times[(kind, name)].append(time.perf_counter() - t)
+            if rc:
+                raise RuntimeError(f"{name}: infer_decode_layers returned {rc}")
+            outs[name] = h.clone()
+        first = next(iter(outs.values()))
+        for name, out in outs.items():
+            if not torch.equal(out, first):
+                raise SystemExit(f"{name} computed other bits than {next(iter(outs))} (step {self.n})")
+        self.n += 1
+        return 0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--compare", required=True, help="a .c file or a git revision of the kernels")
+    ap.add_argument("--max-running", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    args = ap.parse_args()
+
+    from infer.cli.bench_engine import run_offline, warmup
+    from infer.core.config import ServerArgs
+    from infer.core.engine.engine_core import EngineCore
+    from infer.core.model.loader.default_model import ensure_default_model
+
+    tree = kernels.load()
+    if tree is None:
+        raise SystemExit(f"native kernels unavailable: {kernels.status().detail}")
+    with tempfile.TemporaryDirectory() as tmp:
+        other = build_other(args.compare, Path(tmp))
+        other.infer_decode_layers.restype = ctypes.c_int
+        libs = {"tree": tree, args.compare: other}
+        path = str(ensure_default_model(quiet=True))
+        print(f"threads {torch.get_num_threads()}, load {os.getloadavg()}, "
+              f"activations {os.environ.get('INFER_CPU_ACTIVATIONS', 'int16 (default)')}")
+        for mr in args.max_running:
+            core = EngineCore(ServerArgs(model_path=path, max_running_requests=mr))
+            runner = core.runner.graph_runner
+            if runner is None or not runner.ok:
+                raise SystemExit(f"no native graph: {getattr(runner, 'reason', None)}")
+            paired = PairedCall(libs, runner.hidden)
+            run = runner.run
+
+            def tagged(batch, run=run, paired=paired):
+                paired._decode = batch.attn.is_decode_only
+                return run(batch)
+
+            runner.run, runner._fn = tagged, paired
+            warmup(core, random.Random(0))
+            paired.times.clear()
+            run_offline(core, args.prompts, args.input_len, args.output_len, 1.0,
+                        random.Random(1), progress=False)
+            print(f"\nmax running {mr}: {paired.n} steps, both libraries gave the same bits; "
+                  f"load {os.getloadavg()[0]:.2f}")
+            print(f"| step | steps | tree (s) | {args.compare} (s) | {args.compare} / tree |")
+            print("| --- | --- | --- | --- | --- |")
+            kinds = sorted({k for k, _ in paired.times}, key=lambda k: (k[0] != "p", k))
+            for kind in kinds:
+                t = sum(paired.times[(kind, "tree")])
+                o = sum(paired.times[(kind, args.compare)])
+                print(f"| {kind} | {len(paired.times[(kind, 'tree')])} | {t:.3f} | {o:.3f} | "
+                      f"{o / t:.2f} |" if t else f"| {kind} | 0 | | | |")
+            del core
+
+
+if __name__ == "__main__":
+    main()
