@@ -64,19 +64,26 @@ def lm_head_q8(path: Path) -> QWeight:
 
 
 def build_other(spec: str, tmp: Path) -> ctypes.CDLL:
-    """A kernels library from a .c file or from a git revision of the plugin's source."""
-    src = Path(spec)
+    """A kernels library from a .c file (with the working tree's headers) or from a git revision
+    of the plugin's source (with that revision's headers: the attention is in one)."""
+    src, include = Path(spec), SOURCE.parent
     if not src.is_file():
-        rel = SOURCE.resolve().relative_to(REPO)
-        text = subprocess.run(["git", "-C", str(REPO), "show", f"{spec}:{rel}"], check=True,
-                              capture_output=True, text=True).stdout
-        src = tmp / f"{spec.replace('/', '_').replace('~', '_')}.c"
-        src.write_text(text)
+        rel = SOURCE.resolve().parent.relative_to(REPO)
+        include = tmp / spec.replace("/", "_").replace("~", "_")
+        include.mkdir(parents=True, exist_ok=True)
+        names = subprocess.run(["git", "-C", str(REPO), "ls-tree", "--name-only", f"{spec}:{rel}"],
+                               check=True, capture_output=True, text=True).stdout.split()
+        for name in names:
+            if name.endswith((".c", ".h")):
+                (include / name).write_bytes(subprocess.run(
+                    ["git", "-C", str(REPO), "show", f"{spec}:{rel}/{name}"], check=True,
+                    capture_output=True).stdout)
+        src = include / SOURCE.name
     cc = compiler()
     if cc is None:
         raise SystemExit("no C compiler on PATH")
     lib_path = tmp / f"lib_{abs(hash(spec))}.so"
-    subprocess.run([cc, *FLAG_SETS[0], "-shared", "-fPIC", "-I", str(SOURCE.parent), "-o",
+    subprocess.run([cc, *FLAG_SETS[0], "-shared", "-fPIC", "-I", str(include), "-o",
                     str(lib_path), str(src), "-lm"], check=True)  # -I: the kernels' headers
     lib = ctypes.CDLL(str(lib_path))
     for name, argtypes in kernels._SIGNATURES.items():
