@@ -24,24 +24,14 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-KERNELS = "plugins/cpu/infer_cpu/kernels"
-
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS, VOCAB, PAGE = 576, 9, 3, 64, 1536, 30, 49152, 16
 
 
 def build_rev(rev: str, out_dir: Path) -> Path:
     """The bf16 library of revision ``rev`` (its .c and headers), compiled as the plugin does."""
-    src = out_dir / rev
-    src.mkdir(parents=True, exist_ok=True)
-    names = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:{KERNELS}"], cwd=ROOT,
-                           check=True, capture_output=True, text=True).stdout.split()
-    for name in names:
-        if name.endswith((".c", ".h")):
-            data = subprocess.run(["git", "show", f"{rev}:{KERNELS}/{name}"], cwd=ROOT, check=True,
-                                  capture_output=True).stdout
-            (src / name).write_bytes(data)
+    from cpu_qgemm_micro import revision_kernels
+
+    src = revision_kernels(rev, out_dir)
     lib = src / "libbf16.so"
     subprocess.run(["cc", "-O3", "-march=native", "-shared", "-fPIC", "-o", str(lib),
                     str(src / "infer_cpu_bf16.c"), "-lm", "-lpthread"], check=True)

@@ -40,6 +40,7 @@ class PairedCall:
 
     def __init__(self, libs: dict[str, ctypes.CDLL], hidden: int) -> None:
         self.libs, self.hidden, self.n = libs, hidden, 0
+        self.decode = True  # whether the step being run is a decode batch (set per step)
         self.times: dict[tuple[str, str], list[float]] = defaultdict(list)
 
     def __call__(self, table, n_layers, h_ptr, rows, *rest):
@@ -47,11 +48,11 @@ class PairedCall:
         h = torch.frombuffer((ctypes.c_float * n).from_address(h_ptr), dtype=torch.float32)
         h0, outs = h.clone(), {}
         names = list(self.libs) if self.n % 2 == 0 else list(self.libs)[::-1]
-        decode = kernels._threads[0]  # the count the runner just set (tree library)
-        kind = f"decode {rows}" if self._decode else "prefill / mixed"
+        threads = kernels._threads[0]  # the count the runner just set (tree library)
+        kind = f"decode {rows}" if self.decode else "prefill / mixed"
         for name in names:
             lib = self.libs[name]
-            lib.infer_set_threads(decode)
+            lib.infer_set_threads(threads)
             h.copy_(h0)
             t = time.perf_counter()
             rc = lib.infer_decode_layers(table, n_layers, h_ptr, rows, *rest)
@@ -100,7 +101,7 @@ def main() -> None:
             run = runner.run
 
             def tagged(batch, run=run, paired=paired):
-                paired._decode = batch.attn.is_decode_only
+                paired.decode = batch.attn.is_decode_only
                 return run(batch)
 
             runner.run, runner._fn = tagged, paired
@@ -112,7 +113,8 @@ def main() -> None:
                   f"load {os.getloadavg()[0]:.2f}")
             print(f"| step | steps | tree (s) | {args.compare} (s) | {args.compare} / tree |")
             print("| --- | --- | --- | --- | --- |")
-            kinds = sorted({k for k, _ in paired.times}, key=lambda k: (k[0] != "p", k))
+            kinds = sorted({k for k, _ in paired.times},  # prefill first, then decode by rows
+                           key=lambda k: (k[0] != "p", int(k.split()[-1]) if k[0] == "d" else 0))
             for kind in kinds:
                 t = sum(paired.times[(kind, "tree")])
                 o = sum(paired.times[(kind, args.compare)])

@@ -63,21 +63,28 @@ def lm_head_q8(path: Path) -> QWeight:
     return quantize_q8_blocks(dense.float())
 
 
+def revision_kernels(rev: str, tmp: Path) -> Path:
+    """The CPU plugin's kernel sources (every .c and .h) at git revision ``rev``, written into a
+    folder of ``tmp``, which is returned."""
+    rel = SOURCE.resolve().parent.relative_to(REPO)
+    out = tmp / rev.replace("/", "_").replace("~", "_")
+    out.mkdir(parents=True, exist_ok=True)
+    names = subprocess.run(["git", "-C", str(REPO), "ls-tree", "--name-only", f"{rev}:{rel}"],
+                           check=True, capture_output=True, text=True).stdout.split()
+    for name in names:
+        if name.endswith((".c", ".h")):
+            (out / name).write_bytes(subprocess.run(
+                ["git", "-C", str(REPO), "show", f"{rev}:{rel}/{name}"], check=True,
+                capture_output=True).stdout)
+    return out
+
+
 def build_other(spec: str, tmp: Path) -> ctypes.CDLL:
     """A kernels library from a .c file (with the working tree's headers) or from a git revision
     of the plugin's source (with that revision's headers: the attention is in one)."""
     src, include = Path(spec), SOURCE.parent
     if not src.is_file():
-        rel = SOURCE.resolve().parent.relative_to(REPO)
-        include = tmp / spec.replace("/", "_").replace("~", "_")
-        include.mkdir(parents=True, exist_ok=True)
-        names = subprocess.run(["git", "-C", str(REPO), "ls-tree", "--name-only", f"{spec}:{rel}"],
-                               check=True, capture_output=True, text=True).stdout.split()
-        for name in names:
-            if name.endswith((".c", ".h")):
-                (include / name).write_bytes(subprocess.run(
-                    ["git", "-C", str(REPO), "show", f"{spec}:{rel}/{name}"], check=True,
-                    capture_output=True).stdout)
+        include = revision_kernels(spec, tmp)
         src = include / SOURCE.name
     cc = compiler()
     if cc is None:

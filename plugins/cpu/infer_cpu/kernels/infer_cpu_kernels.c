@@ -979,7 +979,7 @@ static void i8_repack(int kind, const void *w, int nb, int n0, int tw, int quads
   float *dw = (float *)(buf + (size_t)nb * tb), *mw = dw + (size_t)nb * TW;
   /* the next tile's rows, a slice per block: TW rows read side by side are more streams than the
    * hardware prefetchers follow (a weight matrix larger than the caches: the LM head) */
-  int64_t bs = kind == 4 ? (int64_t)sizeof(block_q4) : (int64_t)sizeof(block_q8), row = nb * bs;
+  int64_t bs = kind == 4 ? (int64_t)sizeof(block_q4) : (int64_t)sizeof(block_q8);
   int64_t slice = TW * bs; /* the next tile's TW rows of bytes over nb blocks: no division per block */
   const char *next = (const char *)block_at(kind, w, (int64_t)(n0 + TW) * nb);
   for (int b = 0; b < nb; b++) {
@@ -1062,8 +1062,8 @@ static void i8_repack(int kind, const void *w, int nb, int n0, int tw, int quads
       }
       if (tw == TW) {
         for (int h = 0; h < TW / 8; h++) {
-          __m256 vd, vm;
-          scales8((const char *)block_at(kind, w, (int64_t)(n0 + 8 * h) * nb + b), row, &vd, &vm);
+          __m256 vd, vm; /* the scales of rows 8h.. (a row is nb blocks of bs bytes) */
+          scales8((const char *)block_at(kind, w, (int64_t)(n0 + 8 * h) * nb + b), nb * bs, &vd, &vm);
           _mm256_storeu_ps(dw + (size_t)b * TW + 8 * h, vd);
           _mm256_storeu_ps(mw + (size_t)b * TW + 8 * h, kind == 4 ? vm : _mm256_setzero_ps());
         }
