@@ -40,6 +40,7 @@ class PairedCall:
 
     def __init__(self, libs: dict[str, ctypes.CDLL], hidden: int) -> None:
         self.libs, self.hidden, self.n = libs, hidden, 0
+        self._untiled: dict[int, ctypes.Array] = {}
         self.decode = True  # whether the step being run is a decode batch (set per step)
         self.times: dict[tuple[str, str], list[float]] = defaultdict(list)
 
@@ -54,8 +55,10 @@ class PairedCall:
             lib = self.libs[name]
             lib.infer_set_threads(threads)
             h.copy_(h0)
+            arg = table if hasattr(lib, "infer_pack_tiles") else ctypes.addressof(
+                self.untiled(table, n_layers))
             t = time.perf_counter()
-            rc = lib.infer_decode_layers(table, n_layers, h_ptr, rows, *rest)
+            rc = lib.infer_decode_layers(arg, n_layers, h_ptr, rows, *rest)
             self.times[(kind, name)].append(time.perf_counter() - t)
             if rc:
                 raise RuntimeError(f"{name}: infer_decode_layers returned {rc}")
@@ -66,6 +69,20 @@ class PairedCall:
                 raise SystemExit(f"{name} computed other bits than {next(iter(outs))} (step {self.n})")
         self.n += 1
         return 0
+
+    def untiled(self, table: ctypes.Array, n_layers: int) -> ctypes.Array:
+        """The layer table as kernels older than the packed tiles read it: their ``infer_layer``
+        ends at the caches, so an array of the new one would be read at the wrong stride."""
+        key = ctypes.addressof(table)
+        if key not in self._untiled:
+            self._untiled[key] = (_UntiledLayer * n_layers)(*(
+                _UntiledLayer(*(getattr(table[i], f) for f, _ in _UntiledLayer._fields_))
+                for i in range(n_layers)))
+        return self._untiled[key]
+
+
+class _UntiledLayer(ctypes.Structure):
+    _fields_ = [f for f in kernels.Layer._fields_ if f[0] not in ("tqkv", "to", "tgu", "tdown")]
 
 
 def main() -> None:
@@ -88,6 +105,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         other = build_other(args.compare, Path(tmp))
         other.infer_decode_layers.restype = ctypes.c_int
+        if not hasattr(other, "infer_pack_tiles"):  # takes the older table (PairedCall.untiled)
+            other.infer_decode_layers.argtypes = [ctypes.c_void_p,
+                                                  *other.infer_decode_layers.argtypes[1:]]
         libs = {"tree": tree, args.compare: other}
         path = str(ensure_default_model(quiet=True))
         print(f"threads {torch.get_num_threads()}, load {os.getloadavg()}, "

@@ -142,7 +142,8 @@ class NativeDecodeGraph(GraphRunner):
                 norms[0].weight.data_ptr(), norms[1].weight.data_ptr(),
                 *(m.qweight.blocks.data_ptr() for m in mods),
                 qkv_bias.data_ptr() if qkv_bias is not None else None,
-                *(m.qweight.kind for m in mods), k_cache.data_ptr(), v_cache.data_ptr())
+                *(m.qweight.kind for m in mods), k_cache.data_ptr(), v_cache.data_ptr(),
+                *(_ptr(m.qweight.tiles) for m in mods))
             self._keep += [norms, mods, k_cache, v_cache]
         a0 = layers[0].self_attn
         self.heads, self.kv_heads, self.head_dim = a0.num_heads, a0.num_kv_heads, a0.head_dim
@@ -242,6 +243,10 @@ class NativeDecodeGraph(GraphRunner):
         if choice is not None:
             choice.record(h.shape[0], threads, time.perf_counter() - t0)
         return model.compute_logits(h, batch)
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return t.data_ptr() if t is not None else None
 
 
 _ALL_REDUCE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)

@@ -20,16 +20,21 @@ def _qweight(n: int, k: int, qtype: Q, seed: int):
     return gguf_qweight(torch.from_numpy(gguf.quants.quantize(w.numpy(), qtype)), qtype, n)
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["repacked", "packed"])
 @pytest.mark.parametrize("precision", ["float32", "int16", "int8"])
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0])
-def test_fgemm_rows_do_not_depend_on_the_batch(qtype, precision, with_threads):
-    """Every activation precision alike (``INFER_CPU_ACTIVATIONS``)."""
+def test_fgemm_rows_do_not_depend_on_the_batch(qtype, precision, packed, with_threads):
+    """Every activation precision alike (``INFER_CPU_ACTIVATIONS``); packed: with tiles packed at
+    load (``kernels.with_tiles``), which a call of up to 128 rows reads and a larger one does not
+    (131 rows: the per-call repack), so a row's bits must not depend on which one ran."""
     qw = _qweight(75, 576, qtype, seed=3).with_activations(precision)
+    if packed:
+        qw = kernels.with_tiles(qw)
     bias = torch.randn(75)
     x = torch.randn(131, 576) * torch.rand(131, 1) * 3  # 131: past two 64-row blocks, odd tail
     alone = torch.cat([kernels.fgemm(x[i:i + 1], qw, bias) for i in range(x.shape[0])])
     for threads in (1, 2):
-        for m in (2, 3, 4, 5, 31, 32, 64, 65, 131):
+        for m in (2, 3, 4, 5, 31, 32, 64, 65, 128, 129, 131):
             got = with_threads(threads, lambda m=m: kernels.fgemm(x[:m], qw, bias))
             assert torch.equal(got, alone[:m]), (threads, m)
     # a row placed anywhere in a batch (other rows, other tile position) keeps its bits

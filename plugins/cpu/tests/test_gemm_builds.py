@@ -72,11 +72,27 @@ def builds(tmp_path_factory) -> dict[str, ctypes.CDLL]:
 
 
 def _call(lib: ctypes.CDLL, x: torch.Tensor, w: QWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """``lib``'s GEMM into a NaN-filled output, reading ``w``'s packed tiles where it has them."""
     y = torch.full((x.shape[0], w.out_features), float("nan"))
-    lib.infer_fgemm(w.kind, x.data_ptr(), x.stride(0), x.shape[0], w.in_features,
-                    w.blocks.data_ptr(), bias.data_ptr() if bias is not None else None,
-                    w.out_features, y.data_ptr(), w.out_features)
+    lib.infer_fgemm_tiles(w.kind, x.data_ptr(), x.stride(0), x.shape[0], w.in_features,
+                          w.blocks.data_ptr(), w.tiles.data_ptr() if w.tiles is not None else None,
+                          bias.data_ptr() if bias is not None else None, w.out_features,
+                          y.data_ptr(), w.out_features)
     return y
+
+
+def _packed(w: QWeight, packed: bool) -> QWeight:
+    """``w`` with its tiles packed (``kernels.with_tiles``) when ``packed``; on a build that reads
+    packed tiles for its kind they must then be there, so the packed cases are not the plain
+    ones run twice."""
+    if not packed:
+        return w
+    pw = kernels.with_tiles(w)
+    if kernels._lib().infer_tiles_bytes(w.kind, w.out_features, w.in_features):
+        assert pw.tiles is not None and pw.tiles.numel() > 0
+    else:
+        assert pw.tiles is None
+    return pw
 
 
 def _weights(n: int, k: int, qtype: Q, seed: int) -> QWeight:
@@ -193,11 +209,14 @@ CASES = [  # (N, K, M)
 PRECISIONS = ["float32", "int16", "int8"]
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["repacked", "packed"])
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0, "lm"])
 @pytest.mark.parametrize("n,k,m", CASES)
-def test_native_build_against_reference(precision, qtype, n, k, m, with_threads):
-    w = _weights(n, k, qtype, seed=7 * n + k + m).with_activations(precision)
+def test_native_build_against_reference(precision, qtype, n, k, m, packed, with_threads):
+    """packed: the weights' tiles packed at load (``kernels.with_tiles``), read by the integer
+    paths up to 128 rows (131: the per-call repack again, from the same weights)."""
+    w = _packed(_weights(n, k, qtype, seed=7 * n + k + m).with_activations(precision), packed)
     x = _activations(m, k, seed=n + m)
     bias = torch.randn(n) if n % 2 else None
     for threads in (1, 2):  # through the wrapper, and into a NaN-filled output (a skipped element)
@@ -206,15 +225,18 @@ def test_native_build_against_reference(precision, qtype, n, k, m, with_threads)
         assert torch.equal(with_threads(threads, lambda: _call(kernels._lib(), x, w, bias)), y)
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["repacked", "packed"])
 @pytest.mark.parametrize("build", list(BUILDS))
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0])
-def test_every_build_gives_the_same_bits(builds, build, precision, qtype, with_threads):
-    """Each build against the reference, and bit for bit equal to the machine's own build."""
+def test_every_build_gives_the_same_bits(builds, build, precision, qtype, packed, with_threads):
+    """Each build against the reference, and bit for bit equal to the machine's own build
+    (packed: given the tiles the machine's build packed; a build that does not read them for the
+    kind, the portable one, say, ignores them)."""
     if build not in builds:
         pytest.skip(f"this CPU does not run the {build} build")
     for n, k, m in CASES[:-1]:
-        w = _weights(n, k, qtype, seed=n * k + m).with_activations(precision)
+        w = _packed(_weights(n, k, qtype, seed=n * k + m).with_activations(precision), packed)
         x = _activations(m, k, seed=m)
         bias = torch.randn(n)
         y = _call(builds[build], x, w, bias)

@@ -13,8 +13,10 @@ pytestmark = pytest.mark.skipif(kernels.load() is None,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "bf16"])
-def test_graph_matches_per_op_path_on_the_default_model(greedy, kv_cache_dtype):
-    """With the float32 cache (auto) and a bf16 one (the graph's attention then reads bf16)."""
+def test_graph_matches_per_op_path_on_the_default_model(greedy, kv_cache_dtype, monkeypatch):
+    """With the float32 cache (auto) and a bf16 one (the graph's attention then reads bf16); the
+    per-op path also without the projections' packed tiles (``INFER_CPU_PACKED_TILES=0``: the
+    GEMM repacks the blocks on every call), which must not change an answer either."""
     from infer.core.config import ServerArgs
     from infer.core.engine.engine_core import EngineCore
     from infer.core.model.loader.default_model import ensure_default_model
@@ -30,6 +32,9 @@ def test_graph_matches_per_op_path_on_the_default_model(greedy, kv_cache_dtype):
     runner = graph.runner.graph_runner
     assert runner is not None and runner.ok, getattr(runner, "reason", None)
     assert runner.kv16 == (kv_cache_dtype == "bf16")
+    qkv = runner._keep[1][0].qweight  # layer 0's qkv projection
+    packs = kernels._lib().infer_tiles_bytes(qkv.kind, qkv.out_features, qkv.in_features) > 0
+    assert (qkv.tiles is not None) == packs and bool(runner.table[0].tqkv) == packs
     calls = {"n": 0}
     run = runner.run
 
@@ -61,6 +66,12 @@ def test_graph_matches_per_op_path_on_the_default_model(greedy, kv_cache_dtype):
     assert eager.runner.graph_runner is None
     assert greedy(eager, prompts, counts) == got
     assert _staggered(eager) == staggered
+    del eager
+    monkeypatch.setenv("INFER_CPU_PACKED_TILES", "0")
+    repacked = EngineCore(ServerArgs(model_path=path, page_size=4, disable_cuda_graph=True,
+                                     kv_cache_dtype=kv_cache_dtype, chunked_prefill_size=32))
+    assert repacked.runner.model.model.layers[0].self_attn.qkv_proj.qweight.tiles is None
+    assert greedy(repacked, prompts, counts) == got
 
 
 def _staggered(core) -> dict[str, list[int]]:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -39,11 +40,13 @@ _F = ctypes.c_float
 
 class Layer(ctypes.Structure):
     """One decoder layer of ``infer_decode_layers`` (the C ``infer_layer``): norm weights, the
-    four projections' blocks and kinds, the qkv bias (or NULL) and the layer's KV caches."""
+    four projections' blocks and kinds, the qkv bias (or NULL), the layer's KV caches and the
+    projections' packed tiles (``with_tiles``; NULL where not packed)."""
 
     _fields_ = [("in_norm", _P), ("post_norm", _P), ("wqkv", _P), ("wo", _P), ("wgu", _P),
                 ("wdown", _P), ("bqkv", _P), ("kind_qkv", _I), ("kind_o", _I), ("kind_gu", _I),
-                ("kind_down", _I), ("k_cache", _P), ("v_cache", _P)]
+                ("kind_down", _I), ("k_cache", _P), ("v_cache", _P), ("tqkv", _P), ("to", _P),
+                ("tgu", _P), ("tdown", _P)]
 
 
 _SIGNATURES = {
@@ -51,6 +54,9 @@ _SIGNATURES = {
     "infer_kernels_isa": [],
     "infer_qgemm": [_I, _P, _L, _I, _I, _I, _P, _P, _I, _P, _L],
     "infer_fgemm": [_I, _P, _L, _I, _I, _P, _P, _I, _P, _L],
+    "infer_fgemm_tiles": [_I, _P, _L, _I, _I, _P, _P, _P, _I, _P, _L],
+    "infer_tiles_bytes": [_I, _I, _I],
+    "infer_pack_tiles": [_I, _P, _I, _I, _P],
     "infer_rms_norm": [_P, _L, _P, _L, _P, _P, _P, _I, _I, _F],
     "infer_rope": [_P, _P, _L, _I, _P, _L, _I, _I, _I, _I, _P],
     "infer_silu_mul": [_P, _L, _P, _I, _I],
@@ -59,6 +65,7 @@ _SIGNATURES = {
     "infer_decode_layers": [ctypes.POINTER(Layer), _I, _P, _I, _I, _I, _I, _I, _I, _F, _P, _P, _I,
                             _P, _P, _L, _P, _I, _F, _P, _P, _I],
 }
+_RESTYPES = {"infer_kernels_isa": _I, "infer_decode_layers": _I, "infer_tiles_bytes": ctypes.c_size_t}
 
 
 @dataclass
@@ -84,7 +91,7 @@ def load() -> ctypes.CDLL | None:
                 for name, argtypes in _SIGNATURES.items():
                     fn = getattr(lib, name)
                     fn.argtypes = argtypes
-                    fn.restype = _I if name in ("infer_kernels_isa", "infer_decode_layers") else None
+                    fn.restype = _RESTYPES.get(name)
                 isa = "avx2" if lib.infer_kernels_isa() == 2 else "portable C"
                 detail = f"{path} ({cc} {' '.join(flags)}; {isa})"
             except (OSError, RuntimeError, AttributeError) as e:
@@ -161,10 +168,36 @@ def fgemm(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None) -> torc
         return None
     m = x.shape[0]
     y = torch.empty(m, w.out_features, dtype=_F32)
-    lib.infer_fgemm(w.kind, x.data_ptr(), x.stride(0), m, w.in_features, w.blocks.data_ptr(),
-                    bias.data_ptr() if bias is not None else None, w.out_features, y.data_ptr(),
-                    w.out_features)
+    lib.infer_fgemm_tiles(w.kind, x.data_ptr(), x.stride(0), m, w.in_features, w.blocks.data_ptr(),
+                          w.tiles.data_ptr() if w.tiles is not None else None,
+                          bias.data_ptr() if bias is not None else None, w.out_features,
+                          y.data_ptr(), w.out_features)
     return y
+
+
+def tiles_enabled() -> bool:
+    """Whether ``with_tiles`` packs (``INFER_CPU_PACKED_TILES=0`` turns it off: the GEMM then
+    repacks the blocks on every call, for the same numbers, in less memory)."""
+    return os.environ.get("INFER_CPU_PACKED_TILES", "1") != "0"
+
+
+def with_tiles(w: QWeight) -> QWeight:
+    """``w`` with its blocks also packed into the integer-activation GEMM's register-tile layout
+    (about 1.25 bytes a weight beside the blocks' 0.56-1.06), which the GEMM then reads instead
+    of repacking the blocks on every call of up to 128 rows (``infer_cpu_kernels.c``, "Tiles
+    packed once"). The numbers are the same bits either way. ``w`` unchanged where this build
+    does not read packed tiles for ``w.kind`` (no AVX2, float32 activations, int8 activations
+    on AVX-512 VNNI), the kernels are off, or ``INFER_CPU_PACKED_TILES=0``."""
+    lib = _lib()
+    if lib is None or not tiles_enabled() or w.tiles is not None:
+        return w
+    n = lib.infer_tiles_bytes(w.kind, w.out_features, w.in_features)
+    if not n:
+        return w
+    tiles = torch.empty(n, dtype=torch.uint8)
+    lib.infer_pack_tiles(w.kind, w.blocks.data_ptr(), w.out_features, w.in_features,
+                         tiles.data_ptr())
+    return replace(w, tiles=tiles)
 
 
 # -- layer ops -----------------------------------------------------------------------------------

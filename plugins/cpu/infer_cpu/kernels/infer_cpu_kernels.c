@@ -653,15 +653,18 @@ static void f32_chunk(const float *wf, int nr, int K, const float *x, int64_t x_
 }
 
 static void i8_rows(int kind, int wide, const float *x, int64_t x_stride, int M, int K,
-                    const void *w, const float *bias, int n0, int n1, float *y, int64_t y_stride);
+                    const void *w, const uint8_t *tiles, const float *bias, int n0, int n1,
+                    float *y, int64_t y_stride);
 
 /* Output columns [n0, n1) of y = x . W^T (+ bias) for all M rows: one thread's share. wf: FR * K
  * floats of scratch, 32-byte aligned. kind | KIND_I8 / KIND_I16: the integer-activation path
- * (i8_rows). */
+ * (i8_rows), which reads w's packed tiles where given (infer_pack_tiles; NULL: none). */
 static void fgemm_rows(int kind, const float *x, int64_t x_stride, int M, int K, const void *w,
-                       const float *bias, int n0, int n1, float *y, int64_t y_stride, float *wf) {
+                       const uint8_t *tiles, const float *bias, int n0, int n1, float *y,
+                       int64_t y_stride, float *wf) {
   if (kind & KIND_INT) {
-    i8_rows(kind & ~KIND_INT, (kind & KIND_I16) != 0, x, x_stride, M, K, w, bias, n0, n1, y, y_stride);
+    i8_rows(kind & ~KIND_INT, (kind & KIND_I16) != 0, x, x_stride, M, K, w, tiles, bias, n0, n1, y,
+            y_stride);
     return;
   }
 #ifdef __AVX2__
@@ -712,6 +715,18 @@ static void fgemm_rows(int kind, const float *x, int64_t x_stride, int M, int K,
  * codes (int8 codes widened) into one accumulator per weight row, the 8 reduced together, then
  * the 8 rows' float steps side by side in one vector (lane r is weight row r's chain). */
 #define IMB 256 /* activation rows per block: their codes stay in L2 across the weight tiles */
+/* Calls of TILES_MIN_M..TILES_MAX_M activation rows read a matrix's tiles packed at load, when it
+ * has them (infer_pack_tiles). Measured on Zen 3 (AVX2), the default model's decode steps in the
+ * engine (benchmarks/cpu_q4_graph_ab.py): 1.26x at 3 rows, 1.41x at 4, 1.25x at 8, 1.09x at 32;
+ * but 0.59x at 1 row and 0.89x at 2, where the step streams the weights from memory once either
+ * way and the packed bytes are 2.2x the blocks; past 128 rows (prefill) the per-call repack is
+ * amortized and the packed tiles' widening loads cost as much as it saves (0.98-1.00x). */
+#ifndef TILES_MAX_M
+#define TILES_MAX_M 128
+#endif
+#ifndef TILES_MIN_M
+#define TILES_MIN_M 3
+#endif
 
 typedef struct {
   const int8_t *q;    /* [M, K] int8 codes, or NULL */
@@ -1079,6 +1094,16 @@ static void i8_repack(int kind, const void *w, int nb, int n0, int tw, int quads
   }
 }
 
+/* Tiles packed once, at load (infer_pack_tiles): the per-call repack above widens and transposes
+ * a tile's codes on every call, and a decode step of 5-32 rows uses each repacked tile for only 1-6
+ * register tiles (measured: the repack was 20 % of a batch-8 decode step). A packed matrix holds
+ * the pair layout of every tile, with the codes kept as bytes (q4: 0..15, q8: int8; the tiles
+ * widen them to int16 as they load them, so a weight costs 1 byte to read instead of 2): per tile
+ * of TW rows (the last one padded with zero rows), per block, 16 pairs x TW rows x 2 codes, then
+ * dw [nb][TW] and mw [nb][TW] as floats. */
+static size_t packed_block(void) { return (size_t)16 * TW * 2; }
+static size_t packed_tile_bytes(int nb) { return (size_t)nb * (packed_block() + 2 * TW * sizeof(float)); }
+
 #ifdef I8_VNNI
 typedef __m512 vtw_f;
 typedef __m512i vtw_i;
@@ -1086,6 +1111,7 @@ typedef __m512i vtw_i;
 #define VTW_ZERO_F() _mm512_setzero_ps()
 #define VTW_LOAD_I(p) _mm512_load_si512((const void *)(p))
 #define VTW_LOAD_F(p) _mm512_loadu_ps(p)
+#define VTW_LOAD_B(p) _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p)))
 #define VTW_SET1_I(v) _mm512_set1_epi32(v)
 #define VTW_SET1_F(v) _mm512_set1_ps(v)
 #define VTW_DOT4(acc, w, x) _mm512_dpbusd_epi32(acc, w, x)
@@ -1109,6 +1135,9 @@ typedef struct {
 #define VTW_ZERO_F() VTW2(vtw_f, _mm256_setzero_ps(), _mm256_setzero_ps())
 #define VTW_LOAD_I(p) VTW2(vtw_i, _mm256_load_si256((const __m256i *)(p)), _mm256_load_si256((const __m256i *)(p) + 1))
 #define VTW_LOAD_F(p) VTW2(vtw_f, _mm256_loadu_ps(p), _mm256_loadu_ps((p) + 8))
+#define VTW_LOAD_B(p)                                                                    \
+  VTW2(vtw_i, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p))),               \
+       _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p) + 1)))
 #define VTW_SET1_I(x) VTW2(vtw_i, _mm256_set1_epi32(x), _mm256_set1_epi32(x))
 #define VTW_SET1_F(x) VTW2(vtw_f, _mm256_set1_ps(x), _mm256_set1_ps(x))
 #define VTW_DOT4(acc, w, x) VTW_DOT2(acc, w, x) /* no quads without VNNI */
@@ -1129,20 +1158,27 @@ typedef struct {
 
 /* A repacked tile (buf) against MR activation rows m0.. of a: out[m] = the TW outputs of row m
  * before the bias. Quads read a's int8 codes; pairs read x16 (int16 codes [M, K]: a's own, or its
- * int8 codes widened). Inlined with constant q4, quads and MR. */
-static inline __attribute__((always_inline)) void i8_tile(int q4, int quads, const uint8_t *buf,
-                                                          const i8_act *a, const int16_t *x16,
-                                                          int m0, int MR, float *out) {
+ * int8 codes widened). pk: buf is a tile packed at load (pairs of byte codes, widened to int16 as
+ * they are loaded; see infer_pack_tiles). Inlined with constant q4, quads, pk and MR. */
+static inline __attribute__((always_inline)) void i8_tile(int q4, int quads, int pk, const uint8_t *buf,
+                                                          const char *next, const i8_act *a,
+                                                          const int16_t *x16, int m0, int MR,
+                                                          float *out) {
   int nb = a->nb, K = a->K, groups = quads ? 8 : 16;
-  const float *dw = (const float *)(buf + (size_t)nb * tile_block(quads)), *mw = dw + (size_t)nb * TW;
+  size_t tb = pk ? packed_block() : tile_block(quads);
+  const float *dw = (const float *)(buf + (size_t)nb * tb), *mw = dw + (size_t)nb * TW;
   vtw_f acc[IMR];
   _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) acc[m] = VTW_ZERO_F();
   for (int b = 0; b < nb; b++) {
-    const uint8_t *cb = buf + (size_t)b * tile_block(quads);
+    const uint8_t *cb = buf + (size_t)b * tb;
+    if (next) { /* a slice per block of the packed tile after this one (streamed from memory) */
+      const size_t slice = packed_block() + 2 * TW * sizeof(float); /* packed_tile_bytes / nb */
+      for (size_t off = slice * b; off < slice * (b + 1); off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+    }
     vtw_i s[IMR];
     _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) s[m] = VTW_ZERO_I();
     _Pragma("GCC unroll 16") for (int g = 0; g < groups; g++) {
-      vtw_i wv = VTW_LOAD_I(cb + (size_t)g * TW * 4);
+      vtw_i wv = pk ? VTW_LOAD_B(cb + (size_t)g * TW * 2) : VTW_LOAD_I(cb + (size_t)g * TW * 4);
       _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) {
         int64_t o = (int64_t)(m0 + m) * K + (int64_t)b * QK;
         if (quads)
@@ -1165,7 +1201,7 @@ static inline __attribute__((always_inline)) void i8_tile(int q4, int quads, con
 }
 
 #define I8T(q, mr) \
-  case (mr) * 2 + (q): i8_tile(q, QUADS, buf, a, x16, m0, mr, out); break;
+  case (mr) * 2 + (q): i8_tile(q, QUADS, PK, buf, PK ? next : NULL, a, x16, m0, mr, out); break;
 #define I8_TILES                                                                         \
   switch (mr * 2 + q4) {                                                                 \
     I8T(1, 1) I8T(0, 1) I8T(1, 2) I8T(0, 2) I8T(1, 3) I8T(0, 3) I8T(1, 4) I8T(0, 4)      \
@@ -1178,8 +1214,9 @@ static inline __attribute__((always_inline)) void i8_tile(int q4, int quads, con
 #else
 #define I8T_WIDE
 #endif
-static void i8_tile_any(int q4, int quads, const uint8_t *buf, const i8_act *a, const int16_t *x16,
-                        int m0, int mr, float *out) {
+static void i8_tile_any(int q4, int quads, int pk, const uint8_t *buf, const char *next,
+                        const i8_act *a, const int16_t *x16, int m0, int mr, float *out) {
+#define PK 0
 #ifdef I8_VNNI
   if (quads) {
 #define QUADS 1
@@ -1190,8 +1227,17 @@ static void i8_tile_any(int q4, int quads, const uint8_t *buf, const i8_act *a, 
 #endif
   (void)quads;
 #define QUADS 0
+  if (pk) {
+#undef PK
+#define PK 1
+    I8_TILES
+    return;
+  }
+#undef PK
+#define PK 0
   I8_TILES
 #undef QUADS
+#undef PK
 }
 #undef I8T
 #undef I8_TILES
@@ -1211,8 +1257,8 @@ static inline void tile_row_out(float *dst, const float *src, int tw) {
 }
 
 /* Output columns [n0, n1) of the integer-activation product for all rows of a (see above). */
-static void i8_gemm(int kind, const i8_act *a, int M, const void *w, const float *bias, int n0,
-                    int n1, float *y, int64_t y_stride) {
+static void i8_gemm(int kind, const i8_act *a, int M, const void *w, const uint8_t *tiles,
+                    const float *bias, int n0, int n1, float *y, int64_t y_stride) {
   int nb = a->nb, K = a->K;
 #ifdef __AVX2__
   /* up to in_place activation rows: int_rows instead of the tiles (measured: faster at 2-4 rows,
@@ -1227,8 +1273,24 @@ static void i8_gemm(int kind, const i8_act *a, int M, const void *w, const float
     for (int64_t i = 0; i < (int64_t)M * K; i++) t[i] = a->q[i];
     x16 = t;
   }
-  if (M <= in_place) { /* the blocks read in place, two activation rows at a time */
+  if (tiles && (M < TILES_MIN_M || M > TILES_MAX_M || quads || n0 % TW)) tiles = NULL;
+  if (M <= in_place && !tiles) { /* the blocks read in place, two activation rows at a time */
     for (int m = 0; m < M; m += 2) int_rows(kind, w, a, x16, m, M - m < 2 ? M - m : 2, n0, n1, y, y_stride);
+  } else if (tiles) { /* tiles packed at load: no repack */
+    float out[IMR * TW];
+    int nt = (M + IMR - 1) / IMR;
+    for (int c = n0; c < n1; c += TW) {
+      int tw = n1 - c < TW ? n1 - c : TW;
+      const uint8_t *buf = tiles + (size_t)(c / TW) * packed_tile_bytes(nb);
+      for (int t = 0, m0 = 0; t < nt; t++) { /* as below */
+        int mr = M / nt + (t < M % nt);
+        /* the first register tile prefetches the next packed tile */
+        i8_tile_any(q4, 0, 1, buf, t == 0 && c + TW < n1 ? (const char *)buf + packed_tile_bytes(nb) : NULL,
+                    a, x16, m0, mr, out);
+        for (int m = 0; m < mr; m++) tile_row_out(y + (int64_t)(m0 + m) * y_stride + c, out + m * TW, tw);
+        m0 += mr;
+      }
+    }
   } else {
     uint8_t *buf = (uint8_t *)scratch_get(&tl_w, (size_t)nb * (tile_block(quads) + 2 * TW * sizeof(float)));
     float out[IMR * TW];
@@ -1242,7 +1304,7 @@ static void i8_gemm(int kind, const i8_act *a, int M, const void *w, const float
         int rows = me - mb, nt = (rows + IMR - 1) / IMR;
         for (int t = 0, m0 = mb; t < nt; t++) {
           int mr = rows / nt + (t < rows % nt);
-          i8_tile_any(q4, quads, buf, a, x16, m0, mr, out);
+          i8_tile_any(q4, quads, 0, buf, NULL, a, x16, m0, mr, out);
           for (int m = 0; m < mr; m++) tile_row_out(y + (int64_t)(m0 + m) * y_stride + c, out + m * TW, tw);
           m0 += mr;
         }
@@ -1252,6 +1314,7 @@ static void i8_gemm(int kind, const i8_act *a, int M, const void *w, const float
 #else
   (void)nb;
   (void)K;
+  (void)tiles;
   for (int m = 0; m < M; m++)
     for (int n = n0; n < n1; n++) y[(int64_t)m * y_stride + n] = int_dot_ref(kind, w, n, a, m);
 #endif
@@ -1263,20 +1326,84 @@ static void i8_gemm(int kind, const i8_act *a, int M, const void *w, const float
 /* fgemm_rows' integer-activation path: this thread quantizes all M rows itself (no barrier; the
  * decode graph's batches are small) into its own scratch. */
 static void i8_rows(int kind, int wide, const float *x, int64_t x_stride, int M, int K,
-                    const void *w, const float *bias, int n0, int n1, float *y, int64_t y_stride) {
+                    const void *w, const uint8_t *tiles, const float *bias, int n0, int n1,
+                    float *y, int64_t y_stride) {
   if (n0 >= n1) return;
   i8_act a = i8_layout(M, K, wide, (char *)scratch_get(&tl_act, i8_act_bytes(M, K, wide)));
   for (int m = 0; m < M; m++) i8_quantize_row(x + (int64_t)m * x_stride, &a, m);
-  i8_gemm(kind, &a, M, w, bias, n0, n1, y, y_stride);
+  i8_gemm(kind, &a, M, w, tiles, bias, n0, n1, y, y_stride);
 }
 
 static void share(int N, int tid, int nt, int *n0, int *n1);
 
+/* Bytes of w [N, K] (kind 4 / 8 blocks, | KIND_I8 / KIND_I16) packed into tiles for the
+ * integer-activation GEMM (see packed_block), or 0 when this build's GEMM does not read packed
+ * tiles for that kind (no AVX2; int8 activations on AVX-512 VNNI, whose quad tiles read other
+ * layouts; float32 activations). */
+size_t infer_tiles_bytes(int kind, int N, int K) {
+#ifdef __AVX2__
+  if (!(kind & KIND_INT) || K % QK) return 0;
+#ifdef I8_VNNI
+  if (!(kind & KIND_I16)) return 0;
+#endif
+  return (size_t)((N + TW - 1) / TW) * packed_tile_bytes(K / QK);
+#else
+  (void)kind;
+  (void)N;
+  (void)K;
+  return 0;
+#endif
+}
+
+/* out (infer_tiles_bytes(kind, N, K) bytes) <- w [N, K] packed into tiles (see packed_block). */
+void infer_pack_tiles(int kind, const void *w, int N, int K, uint8_t *out) {
+#ifdef __AVX2__
+  int nb = K / QK, tiles = (N + TW - 1) / TW;
+  kind &= ~KIND_INT;
+#pragma omp parallel for num_threads(g_threads) schedule(static)
+  for (int t = 0; t < tiles; t++) {
+    uint8_t *tile = out + (size_t)t * packed_tile_bytes(nb);
+    float *dw = (float *)(tile + (size_t)nb * packed_block()), *mw = dw + (size_t)nb * TW;
+    for (int b = 0; b < nb; b++) {
+      uint8_t *cb = tile + (size_t)b * packed_block();
+      for (int r = 0; r < TW; r++) {
+        int n = t * TW + r;
+        int8_t c[QK] = {0};
+        int64_t i = (int64_t)n * nb + b;
+        if (n < N) {
+          if (kind == 4) {
+            const uint8_t *qs = ((const block_q4 *)w)[i].qs;
+            for (int j = 0; j < 16; j++) {
+              c[j] = (int8_t)(qs[j] & 0x0F);
+              c[j + 16] = (int8_t)(qs[j] >> 4);
+            }
+          } else {
+            memcpy(c, ((const block_q8 *)w)[i].qs, QK);
+          }
+        }
+        for (int g = 0; g < 16; g++) {
+          cb[(size_t)g * TW * 2 + 2 * r] = (uint8_t)c[2 * g];
+          cb[(size_t)g * TW * 2 + 2 * r + 1] = (uint8_t)c[2 * g + 1];
+        }
+        dw[(size_t)b * TW + r] = n < N ? block_dw(kind, w, i) : 0.f;
+        mw[(size_t)b * TW + r] = n < N ? block_mw(kind, w, i) : 0.f;
+      }
+    }
+  }
+#else
+  (void)kind;
+  (void)w;
+  (void)N;
+  (void)K;
+  (void)out;
+#endif
+}
+
 /* y [M, N] (row stride y_stride) = x [M, K] (row stride x_stride) . W^T (+ bias): kind 4 =
  * block_q4 weights, kind 8 = block_q8, both [N, K/32] blocks; | KIND_I8: int8 activations,
  * | KIND_I16: int16 activations. Batch invariant in every case (see above). */
-void infer_fgemm(int kind, const float *x, int64_t x_stride, int M, int K, const void *w,
-                 const float *bias, int N, float *y, int64_t y_stride) {
+void infer_fgemm_tiles(int kind, const float *x, int64_t x_stride, int M, int K, const void *w,
+                       const uint8_t *tiles, const float *bias, int N, float *y, int64_t y_stride) {
   char *act = NULL;
   i8_act a;
   if (kind & KIND_INT) { /* quantize the rows once, split across the threads */
@@ -1295,14 +1422,20 @@ void infer_fgemm(int kind, const float *x, int64_t x_stride, int M, int K, const
 #endif
     share(N, tid, nt, &n0, &n1);
     if (act) {
-      if (n0 < n1) i8_gemm(kind & ~KIND_INT, &a, M, w, bias, n0, n1, y, y_stride);
+      if (n0 < n1) i8_gemm(kind & ~KIND_INT, &a, M, w, tiles, bias, n0, n1, y, y_stride);
     } else {
       float *wf = (float *)aligned_alloc(32, sizeof(float) * FR * (size_t)K);
-      fgemm_rows(kind, x, x_stride, M, K, w, bias, n0, n1, y, y_stride, wf);
+      fgemm_rows(kind, x, x_stride, M, K, w, NULL, bias, n0, n1, y, y_stride, wf);
       free(wf);
     }
   }
   free(act);
+}
+
+/* infer_fgemm_tiles without packed tiles. */
+void infer_fgemm(int kind, const float *x, int64_t x_stride, int M, int K, const void *w,
+                 const float *bias, int N, float *y, int64_t y_stride) {
+  infer_fgemm_tiles(kind, x, x_stride, M, K, w, NULL, bias, N, y, y_stride);
 }
 
 /* o = w * src / sqrt(mean(src^2) + eps) for one row. */
@@ -1543,6 +1676,7 @@ typedef struct {
   const float *bqkv;                  /* [(H + 2 Hkv) D] or NULL */
   int kind_qkv, kind_o, kind_gu, kind_down;
   void *k_cache, *v_cache; /* [pages, page, Hkv, D], float32 or (kv16) bf16 */
+  const uint8_t *tqkv, *to, *tgu, *tdown; /* the projections' packed tiles, or NULL */
 } infer_layer;
 
 /* A barrier for the threads of one parallel region: spin briefly (the other thread is usually
@@ -1644,7 +1778,7 @@ int infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int B
       const infer_layer *L = layers + l;
       for (int m = 0; m < B; m++) rms_row(h + (int64_t)m * hidden, L->in_norm, x + (int64_t)m * hidden, hidden, eps);
       share(qkv_w, tid, nt, &n0, &n1);
-      fgemm_rows(L->kind_qkv, x, hidden, B, hidden, L->wqkv, L->bqkv, n0, n1, qkv, qkv_w, wf);
+      fgemm_rows(L->kind_qkv, x, hidden, B, hidden, L->wqkv, L->tqkv, L->bqkv, n0, n1, qkv, qkv_w, wf);
       spin_wait(&bar);
       if (tid == 0) {
         infer_rope(pos, qkv, qkv_w, H, qkv + (int64_t)H * D, qkv_w, Hkv, B, D, rot_dim, cos_sin);
@@ -1657,7 +1791,7 @@ int infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int B
       attend_share(&at, tid, nt);
       spin_wait(&bar);
       share(hidden, tid, nt, &n0, &n1);
-      fgemm_rows(L->kind_o, att, att_w, B, att_w, L->wo, NULL, n0, n1, o, hidden, wf);
+      fgemm_rows(L->kind_o, att, att_w, B, att_w, L->wo, L->to, NULL, n0, n1, o, hidden, wf);
       spin_wait(&bar);
       if (all_reduce != NULL) {
         if (tid == 0 && all_reduce(ar_state, o, (int64_t)B * hidden)) atomic_store(&failed, 1);
@@ -1669,11 +1803,11 @@ int infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int B
         add_rms_row(o + at, h + at, L->post_norm, res + at, x + at, hidden, eps);
       }
       share(2 * inter, tid, nt, &n0, &n1);
-      fgemm_rows(L->kind_gu, x, hidden, B, hidden, L->wgu, NULL, n0, n1, gu, 2 * inter, wf);
+      fgemm_rows(L->kind_gu, x, hidden, B, hidden, L->wgu, L->tgu, NULL, n0, n1, gu, 2 * inter, wf);
       spin_wait(&bar);
       const float *a = silu_team(gu, B, inter, mine, act, tid, nt, &bar);
       share(hidden, tid, nt, &n0, &n1);
-      fgemm_rows(L->kind_down, a, inter, B, inter, L->wdown, NULL, n0, n1, dn, hidden, wf);
+      fgemm_rows(L->kind_down, a, inter, B, inter, L->wdown, L->tdown, NULL, n0, n1, dn, hidden, wf);
       if (all_reduce != NULL) {
         spin_wait(&bar);
         if (tid == 0 && all_reduce(ar_state, dn, (int64_t)B * hidden)) atomic_store(&failed, 1);

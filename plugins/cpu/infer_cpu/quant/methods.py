@@ -143,7 +143,7 @@ class GGUFLinearMethod(LinearMethod):
 
     @staticmethod
     def _activations(qw: QWeight) -> QWeight:
-        return qw.with_activations(activation_precision())
+        return kernels.with_tiles(qw.with_activations(activation_precision()))
 
     def _native(self) -> bool:
         """Native block kernels: float32 activations, and the library built on this machine."""

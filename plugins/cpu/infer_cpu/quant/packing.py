@@ -153,6 +153,9 @@ class QWeight:
     blocks: torch.Tensor
     out_features: int
     in_features: int
+    # the blocks packed once into the integer-activation GEMM's register-tile layout
+    # (``kernels.with_tiles``), read instead of repacking them on every call; None: not packed
+    tiles: torch.Tensor | None = None
 
     def dequantize(self) -> torch.Tensor:
         """float32 [N, K], exactly as gguf dequantises the blocks."""
