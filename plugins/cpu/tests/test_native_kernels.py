@@ -402,3 +402,24 @@ def test_tensors_off_the_cpu_give_none():
 def test_status_names_the_library():
     st = kernels.status()
     assert st.available and "libinfer_cpu_kernels" in st.detail
+
+
+def test_packed_tiles_stop_at_their_memory_budget(monkeypatch, caplog):
+    """Tiles are packed while they fit the budget (a share of the memory available at the first
+    packing); past it a matrix keeps repacking per call, with one warning, and the same bits."""
+    qw = _gguf(40, 96, Q.Q4_1, seed=5)[1].with_activations("int16")
+    n = kernels._lib().infer_tiles_bytes(qw.kind, qw.out_features, qw.in_features)
+    if not n:
+        pytest.skip("this build does not read packed tiles")
+    monkeypatch.setattr(kernels, "_tiles_left", [n + n // 2])  # room for one matrix
+    first = kernels.with_tiles(qw)
+    assert first.tiles is not None and first.tiles.numel() == n
+    with caplog.at_level("WARNING", logger=kernels.__name__):
+        second, third = kernels.with_tiles(qw), kernels.with_tiles(qw)
+    assert second.tiles is None and third.tiles is None
+    assert sum("packed weight tiles" in r.message for r in caplog.records) == 1
+    x = torch.randn(8, 96)
+    assert torch.equal(kernels.fgemm(x, first), kernels.fgemm(x, second))
+    monkeypatch.setenv("INFER_CPU_PACKED_TILES", "0")
+    monkeypatch.setattr(kernels, "_tiles_left", [None])
+    assert kernels.with_tiles(qw).tiles is None

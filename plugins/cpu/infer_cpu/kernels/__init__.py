@@ -181,19 +181,48 @@ def tiles_enabled() -> bool:
     return os.environ.get("INFER_CPU_PACKED_TILES", "1") != "0"
 
 
+TILES_MEMORY_SHARE = 0.25  # packed tiles may take this share of the memory available at the first
+_tiles_left: list[int | None] = [None]  # bytes the packed tiles may still take (None: not set yet)
+
+
+def _available_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def with_tiles(w: QWeight) -> QWeight:
     """``w`` with its blocks also packed into the integer-activation GEMM's register-tile layout
     (about 1.25 bytes a weight beside the blocks' 0.56-1.06), which the GEMM then reads instead
-    of repacking the blocks on every call of up to 128 rows (``infer_cpu_kernels.c``, "Tiles
+    of repacking the blocks on every call of 3-128 rows (``infer_cpu_kernels.c``, "Tiles
     packed once"). The numbers are the same bits either way. ``w`` unchanged where this build
     does not read packed tiles for ``w.kind`` (no AVX2, float32 activations, int8 activations
-    on AVX-512 VNNI), the kernels are off, or ``INFER_CPU_PACKED_TILES=0``."""
+    on AVX-512 VNNI), the kernels are off, ``INFER_CPU_PACKED_TILES=0``, or the tiles packed in
+    this process would pass ``TILES_MEMORY_SHARE`` of the memory available when the first was
+    (a large model on a small machine: the rest of its layers repack per call, said once)."""
     lib = _lib()
     if lib is None or not tiles_enabled() or w.tiles is not None:
         return w
     n = lib.infer_tiles_bytes(w.kind, w.out_features, w.in_features)
     if not n:
         return w
+    with _lock:
+        if _tiles_left[0] is None:
+            _tiles_left[0] = int(_available_memory() * TILES_MEMORY_SHARE)
+        if n > _tiles_left[0]:
+            if _tiles_left[0] >= 0:
+                logger.warning("packed weight tiles would pass %.0f%% of the available memory: "
+                               "the remaining layers repack their weights per call (the same "
+                               "numbers, slower decode steps of 3-128 rows)",
+                               100 * TILES_MEMORY_SHARE)
+                _tiles_left[0] = -1  # said once; nothing more is packed
+            return w
+        _tiles_left[0] -= n
     tiles = torch.empty(n, dtype=torch.uint8)
     lib.infer_pack_tiles(w.kind, w.blocks.data_ptr(), w.out_features, w.in_features,
                          tiles.data_ptr())
