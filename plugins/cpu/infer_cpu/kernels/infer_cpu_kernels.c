@@ -1261,8 +1261,9 @@ static void i8_gemm(int kind, const i8_act *a, int M, const void *w, const uint8
                     const float *bias, int n0, int n1, float *y, int64_t y_stride) {
   int nb = a->nb, K = a->K;
 #ifdef __AVX2__
-  /* up to in_place activation rows: int_rows instead of the tiles (measured: faster at 2-4 rows,
-   * about even at 5-6 with int16 codes, slower at 5-6 than int8's quad tiles) */
+  /* up to in_place activation rows without packed tiles: int_rows instead of the per-call
+   * repack (measured: faster at 2-4 rows, about even at 5-6 with int16 codes, slower at 5-6 than
+   * int8's quad tiles); with packed tiles, those from TILES_MIN_M rows on */
   int q4 = kind == 4, quads = 0, in_place = 4;
 #ifdef I8_VNNI
   quads = a->q16 == NULL && M > in_place; /* int8 tiles: vpdpbusd on the codes as they are */
