@@ -405,14 +405,17 @@ def test_status_names_the_library():
 
 
 def test_packed_tiles_stop_at_their_memory_budget(monkeypatch, caplog):
-    """Tiles are packed while they fit the budget (a share of the memory available at the first
-    packing); past it a matrix keeps repacking per call, with one warning, and the same bits."""
+    """Tiles are packed while the live ones fit the budget (a share of the memory available at
+    the first packing); past it a matrix keeps repacking per call, with one warning, and the same
+    bits; freed tiles give their bytes back."""
+    import gc
+
     qw = _gguf(40, 96, Q.Q4_1, seed=5)[1].with_activations("int16")
     n = kernels._lib().infer_tiles_bytes(qw.kind, qw.out_features, qw.in_features)
     if not n:
         pytest.skip("this build does not read packed tiles")
-    monkeypatch.setattr(kernels, "_tiles_left", [n + n // 2])  # room for one matrix
-    first = kernels.with_tiles(qw)
+    monkeypatch.setattr(kernels, "_tiles_budget", {"left": n + n // 2, "warned": False})
+    first = kernels.with_tiles(qw)  # room for one matrix
     assert first.tiles is not None and first.tiles.numel() == n
     with caplog.at_level("WARNING", logger=kernels.__name__):
         second, third = kernels.with_tiles(qw), kernels.with_tiles(qw)
@@ -420,6 +423,9 @@ def test_packed_tiles_stop_at_their_memory_budget(monkeypatch, caplog):
     assert sum("packed weight tiles" in r.message for r in caplog.records) == 1
     x = torch.randn(8, 96)
     assert torch.equal(kernels.fgemm(x, first), kernels.fgemm(x, second))
+    del first
+    gc.collect()
+    assert kernels._tiles_budget["left"] == n + n // 2
+    assert kernels.with_tiles(qw).tiles is not None
     monkeypatch.setenv("INFER_CPU_PACKED_TILES", "0")
-    monkeypatch.setattr(kernels, "_tiles_left", [None])
     assert kernels.with_tiles(qw).tiles is None

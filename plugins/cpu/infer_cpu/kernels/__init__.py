@@ -17,6 +17,7 @@ import ctypes
 import logging
 import os
 import threading
+import weakref
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -181,8 +182,15 @@ def tiles_enabled() -> bool:
     return os.environ.get("INFER_CPU_PACKED_TILES", "1") != "0"
 
 
-TILES_MEMORY_SHARE = 0.25  # packed tiles may take this share of the memory available at the first
-_tiles_left: list[int | None] = [None]  # bytes the packed tiles may still take (None: not set yet)
+TILES_MEMORY_SHARE = 0.25  # live packed tiles may take this share of the memory available at the first
+# bytes the live packed tiles may still take (None: not measured yet), and whether the warning
+# that the budget ran out was given
+_tiles_budget: dict[str, int | bool | None] = {"left": None, "warned": False}
+
+
+def _release_tiles(n: int) -> None:
+    with _lock:
+        _tiles_budget["left"] += n  # type: ignore[operator]
 
 
 def _available_memory() -> int:
@@ -202,9 +210,10 @@ def with_tiles(w: QWeight) -> QWeight:
     of repacking the blocks on every call of 3-128 rows (``infer_cpu_kernels.c``, "Tiles
     packed once"). The numbers are the same bits either way. ``w`` unchanged where this build
     does not read packed tiles for ``w.kind`` (no AVX2, float32 activations, int8 activations
-    on AVX-512 VNNI), the kernels are off, ``INFER_CPU_PACKED_TILES=0``, or the tiles packed in
+    on AVX-512 VNNI), the kernels are off, ``INFER_CPU_PACKED_TILES=0``, or the live tiles of
     this process would pass ``TILES_MEMORY_SHARE`` of the memory available when the first was
-    (a large model on a small machine: the rest of its layers repack per call, said once)."""
+    packed (a large model on a small machine: the layers past it repack per call, said once;
+    freed tiles give their bytes back)."""
     lib = _lib()
     if lib is None or not tiles_enabled() or w.tiles is not None:
         return w
@@ -212,18 +221,19 @@ def with_tiles(w: QWeight) -> QWeight:
     if not n:
         return w
     with _lock:
-        if _tiles_left[0] is None:
-            _tiles_left[0] = int(_available_memory() * TILES_MEMORY_SHARE)
-        if n > _tiles_left[0]:
-            if _tiles_left[0] >= 0:
+        if _tiles_budget["left"] is None:
+            _tiles_budget["left"] = int(_available_memory() * TILES_MEMORY_SHARE)
+        if n > _tiles_budget["left"]:  # type: ignore[operator]
+            if not _tiles_budget["warned"]:
                 logger.warning("packed weight tiles would pass %.0f%% of the available memory: "
-                               "the remaining layers repack their weights per call (the same "
+                               "the layers past it repack their weights per call (the same "
                                "numbers, slower decode steps of 3-128 rows)",
                                100 * TILES_MEMORY_SHARE)
-                _tiles_left[0] = -1  # said once; nothing more is packed
+                _tiles_budget["warned"] = True
             return w
-        _tiles_left[0] -= n
+        _tiles_budget["left"] -= n  # type: ignore[operator]
     tiles = torch.empty(n, dtype=torch.uint8)
+    weakref.finalize(tiles, _release_tiles, n)
     lib.infer_pack_tiles(w.kind, w.blocks.data_ptr(), w.out_features, w.in_features,
                          tiles.data_ptr())
     return replace(w, tiles=tiles)
