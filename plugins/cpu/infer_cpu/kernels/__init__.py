@@ -188,9 +188,10 @@ TILES_MEMORY_SHARE = 0.25  # live packed tiles may take this share of the memory
 _tiles_budget: dict[str, int | bool | None] = {"left": None, "warned": False}
 
 
-def _release_tiles(n: int) -> None:
+def _release_tiles(budget: dict, n: int) -> None:
+    """Freed tiles' bytes back to the budget they were taken from."""
     with _lock:
-        _tiles_budget["left"] += n  # type: ignore[operator]
+        budget["left"] += n
 
 
 def _available_memory() -> int:
@@ -220,20 +221,21 @@ def with_tiles(w: QWeight) -> QWeight:
     n = lib.infer_tiles_bytes(w.kind, w.out_features, w.in_features)
     if not n:
         return w
+    budget = _tiles_budget
     with _lock:
-        if _tiles_budget["left"] is None:
-            _tiles_budget["left"] = int(_available_memory() * TILES_MEMORY_SHARE)
-        if n > _tiles_budget["left"]:  # type: ignore[operator]
-            if not _tiles_budget["warned"]:
+        if budget["left"] is None:
+            budget["left"] = int(_available_memory() * TILES_MEMORY_SHARE)
+        if n > budget["left"]:  # type: ignore[operator]
+            if not budget["warned"]:
                 logger.warning("packed weight tiles would pass %.0f%% of the available memory: "
                                "the layers past it repack their weights per call (the same "
                                "numbers, slower decode steps of 3-128 rows)",
                                100 * TILES_MEMORY_SHARE)
-                _tiles_budget["warned"] = True
+                budget["warned"] = True
             return w
-        _tiles_budget["left"] -= n  # type: ignore[operator]
+        budget["left"] -= n  # type: ignore[operator]
     tiles = torch.empty(n, dtype=torch.uint8)
-    weakref.finalize(tiles, _release_tiles, n)
+    weakref.finalize(tiles, _release_tiles, budget, n)
     lib.infer_pack_tiles(w.kind, w.blocks.data_ptr(), w.out_features, w.in_features,
                          tiles.data_ptr())
     return replace(w, tiles=tiles)
