@@ -55,6 +55,18 @@ def _memory_bytes() -> int:
         return 0
 
 
+def available_memory() -> int | None:
+    """The kernel's MemAvailable in bytes, or None where /proc/meminfo does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def probe() -> ProbeResult:
     gen = cpu_generation()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -80,14 +92,8 @@ class CpuPlatform(Platform):
     _share = 1  # ranks of a multi-rank executor on this host: they split its memory and cores
 
     def memory_available(self) -> int:
-        try:
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024 // self._share
-        except OSError:
-            pass
-        return self.info.memory_bytes // self._share
+        avail = available_memory()
+        return (avail if avail is not None else self.info.memory_bytes) // self._share
 
     def max_local_ranks(self) -> int:
         """Ranks share the host: at most one per core this process may use."""

@@ -195,14 +195,10 @@ def _release_tiles(budget: dict, n: int) -> None:
 
 
 def _available_memory() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    from infer_cpu.probe import available_memory
+
+    avail = available_memory()
+    return avail if avail is not None else os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def with_tiles(w: QWeight) -> QWeight:

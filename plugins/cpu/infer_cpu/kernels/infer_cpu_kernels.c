@@ -1102,7 +1102,9 @@ static void i8_repack(int kind, const void *w, int nb, int n0, int tw, int quads
  * of TW rows (the last one padded with zero rows), per block, 16 pairs x TW rows x 2 codes, then
  * dw [nb][TW] and mw [nb][TW] as floats. */
 static size_t packed_block(void) { return (size_t)16 * TW * 2; }
-static size_t packed_tile_bytes(int nb) { return (size_t)nb * (packed_block() + 2 * TW * sizeof(float)); }
+/* a packed tile's bytes per block: the codes, and the block's share of dw and mw */
+static size_t packed_slice(void) { return packed_block() + 2 * TW * sizeof(float); }
+static size_t packed_tile_bytes(int nb) { return (size_t)nb * packed_slice(); }
 
 #ifdef I8_VNNI
 typedef __m512 vtw_f;
@@ -1171,10 +1173,9 @@ static inline __attribute__((always_inline)) void i8_tile(int q4, int quads, int
   _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) acc[m] = VTW_ZERO_F();
   for (int b = 0; b < nb; b++) {
     const uint8_t *cb = buf + (size_t)b * tb;
-    if (next) { /* a slice per block of the packed tile after this one (streamed from memory) */
-      const size_t slice = packed_block() + 2 * TW * sizeof(float); /* packed_tile_bytes / nb */
-      for (size_t off = slice * b; off < slice * (b + 1); off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
-    }
+    if (next) /* a slice per block of the packed tile after this one (streamed from memory) */
+      for (size_t off = packed_slice() * b; off < packed_slice() * (b + 1); off += 64)
+        _mm_prefetch(next + off, _MM_HINT_T0);
     vtw_i s[IMR];
     _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) s[m] = VTW_ZERO_I();
     _Pragma("GCC unroll 16") for (int g = 0; g < groups; g++) {
@@ -1277,35 +1278,27 @@ static void i8_gemm(int kind, const i8_act *a, int M, const void *w, const uint8
   if (tiles && (M < TILES_MIN_M || M > TILES_MAX_M || quads || n0 % TW)) tiles = NULL;
   if (M <= in_place && !tiles) { /* the blocks read in place, two activation rows at a time */
     for (int m = 0; m < M; m += 2) int_rows(kind, w, a, x16, m, M - m < 2 ? M - m : 2, n0, n1, y, y_stride);
-  } else if (tiles) { /* tiles packed at load: no repack */
-    float out[IMR * TW];
-    int nt = (M + IMR - 1) / IMR;
-    for (int c = n0; c < n1; c += TW) {
-      int tw = n1 - c < TW ? n1 - c : TW;
-      const uint8_t *buf = tiles + (size_t)(c / TW) * packed_tile_bytes(nb);
-      for (int t = 0, m0 = 0; t < nt; t++) { /* as below */
-        int mr = M / nt + (t < M % nt);
-        /* the first register tile prefetches the next packed tile */
-        i8_tile_any(q4, 0, 1, buf, t == 0 && c + TW < n1 ? (const char *)buf + packed_tile_bytes(nb) : NULL,
-                    a, x16, m0, mr, out);
-        for (int m = 0; m < mr; m++) tile_row_out(y + (int64_t)(m0 + m) * y_stride + c, out + m * TW, tw);
-        m0 += mr;
-      }
-    }
-  } else {
-    uint8_t *buf = (uint8_t *)scratch_get(&tl_w, (size_t)nb * (tile_block(quads) + 2 * TW * sizeof(float)));
+  } else { /* weight tiles packed at load (tiles), or repacked here per call into buf */
+    uint8_t *buf = tiles ? NULL : (uint8_t *)scratch_get(&tl_w, (size_t)nb * (tile_block(quads) + 2 * TW * sizeof(float)));
     float out[IMR * TW];
     for (int mb = 0; mb < M; mb += IMB) {
       int me = M - mb < IMB ? M : mb + IMB;
       for (int c = n0; c < n1; c += TW) {
         int tw = n1 - c < TW ? n1 - c : TW;
-        i8_repack(kind, w, nb, c, tw, quads, buf);
+        const uint8_t *tb = buf, *next = NULL;
+        if (tiles) { /* the packed tile, and the next one to prefetch */
+          tb = tiles + (size_t)(c / TW) * packed_tile_bytes(nb);
+          if (c + TW < n1) next = tb + packed_tile_bytes(nb);
+        } else {
+          i8_repack(kind, w, nb, c, tw, quads, buf);
+        }
         /* the block's rows in nt register tiles of sizes differing by at most one (8 rows: 4 + 4,
          * not 6 + 2): which rows share a tile does not change any row's arithmetic */
         int rows = me - mb, nt = (rows + IMR - 1) / IMR;
         for (int t = 0, m0 = mb; t < nt; t++) {
           int mr = rows / nt + (t < rows % nt);
-          i8_tile_any(q4, quads, 0, buf, NULL, a, x16, m0, mr, out);
+          /* the first register tile prefetches the next packed tile */
+          i8_tile_any(q4, quads, tiles != NULL, tb, t == 0 ? (const char *)next : NULL, a, x16, m0, mr, out);
           for (int m = 0; m < mr; m++) tile_row_out(y + (int64_t)(m0 + m) * y_stride + c, out + m * TW, tw);
           m0 += mr;
         }
@@ -1369,22 +1362,12 @@ void infer_pack_tiles(int kind, const void *w, int N, int K, uint8_t *out) {
       uint8_t *cb = tile + (size_t)b * packed_block();
       for (int r = 0; r < TW; r++) {
         int n = t * TW + r;
-        int8_t c[QK] = {0};
+        uint8_t c[QK] = {0}; /* the block's codes in k order (rows past N: zero) */
         int64_t i = (int64_t)n * nb + b;
-        if (n < N) {
-          if (kind == 4) {
-            const uint8_t *qs = ((const block_q4 *)w)[i].qs;
-            for (int j = 0; j < 16; j++) {
-              c[j] = (int8_t)(qs[j] & 0x0F);
-              c[j + 16] = (int8_t)(qs[j] >> 4);
-            }
-          } else {
-            memcpy(c, ((const block_q8 *)w)[i].qs, QK);
-          }
-        }
+        if (n < N) _mm256_storeu_si256((__m256i *)c, block_codes(kind, w, i, 0));
         for (int g = 0; g < 16; g++) {
-          cb[(size_t)g * TW * 2 + 2 * r] = (uint8_t)c[2 * g];
-          cb[(size_t)g * TW * 2 + 2 * r + 1] = (uint8_t)c[2 * g + 1];
+          cb[(size_t)g * TW * 2 + 2 * r] = c[2 * g];
+          cb[(size_t)g * TW * 2 + 2 * r + 1] = c[2 * g + 1];
         }
         dw[(size_t)b * TW + r] = n < N ? block_dw(kind, w, i) : 0.f;
         mw[(size_t)b * TW + r] = n < N ? block_mw(kind, w, i) : 0.f;
