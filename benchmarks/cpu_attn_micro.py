@@ -44,13 +44,16 @@ def block_tables(b: int, seq_len: int, page: int) -> tuple[torch.Tensor, int]:
     return perm.view(b, per).to(torch.int32).contiguous(), b * per
 
 
-def attention_fn(lib: ctypes.CDLL, b: int, seq_len: int, page: int, kv16: bool = False):
+def attention_fn(lib: ctypes.CDLL, b: int, seq_len: int, page: int, kv16: bool = False,
+                 hot: bool = False):
     """One call per layer over 30 layers' caches (one decode step's attention); ``kv16``: bf16
-    caches (``--kv-cache-dtype bf16``; libraries from before it take float32 caches only)."""
+    caches (``--kv-cache-dtype bf16``; libraries from before it take float32 caches only);
+    ``hot``: every call reads the first layer's cache (what the arithmetic costs with the keys and
+    values in the caches, no memory traffic)."""
     tables, pages = block_tables(b, seq_len, page)
     dt = torch.bfloat16 if kv16 else torch.float32
     caches = [(torch.randn(pages, page, HKV, D).to(dt), torch.randn(pages, page, HKV, D).to(dt))
-              for _ in range(LAYERS)]
+              for _ in range(1 if hot else LAYERS)] * (LAYERS if hot else 1)
     qkv = torch.randn(b, (H + 2 * HKV) * D)
     last = seq_len - 1
     slots = (tables[:, last // page].long() * page + last % page).contiguous()
@@ -107,6 +110,8 @@ def main() -> None:
     ap.add_argument("--kv", nargs="+", default=["float32"], choices=["float32", "bf16"],
                     help="cache dtypes (bf16: the working tree's kernels only)")
     ap.add_argument("--no-attention", action="store_true")
+    ap.add_argument("--hot", action="store_true",
+                    help="attention: all 30 calls read one layer's cache (in the CPU caches)")
     ap.add_argument("--no-lm-head", action="store_true")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; best is kept")
     ap.add_argument("--budget", type=float, default=0.5, help="seconds per timing")
@@ -125,7 +130,7 @@ def main() -> None:
                                 if kv == "bf16" and name != "tree":
                                     continue
                                 key = name if kv == "float32" else f"{name}-bf16"
-                                fns[key], k = attention_fn(lib, b, s, page, kv == "bf16")
+                                fns[key], k = attention_fn(lib, b, s, page, kv == "bf16", args.hot)
                                 keep.append(k)
                         compare(f"attention x{LAYERS} B={b:2d} L={s:4d} page={page:2d}", fns,
                                 args.rounds, args.budget)
