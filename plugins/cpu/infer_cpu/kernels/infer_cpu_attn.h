@@ -21,7 +21,8 @@
 
 /* positions per block: multiples of group_scores' 4-key tile. Measured (cpu_attn_micro.py, batch
  * 32, 192 keys, 30 layers, Zen 3): bf16 caches 12.9 ms in blocks of 16, 11.4 in 8, 11.0 in 4;
- * float32 ones 16.2 in 16, 16.8 in 8, 17.8 in 4, 16.5 in 32 */
+ * float32 ones 16.2 in 16, 16.8 in 8, 17.8 in 4, 16.5 in 32. Calls of one KV head (the bf16
+ * library's rows) keep KV_BLOCK: there 4 was 1-2 % slower (cpu_bf16_decode_micro.py). */
 #ifndef KV_BLOCK
 #define KV_BLOCK 16
 #endif
@@ -176,7 +177,9 @@ static __attribute__((noinline)) void values_tile(const float *p, int ls, int nh
 static void attn_kv_groups(const float *q, int g0, int g1, int group, const void *kc,
                            const void *vc, int kv16, const int64_t *off, int L, int D,
                            float scale, float *s, float *acc, float *inv, float *o) {
-  int nq = (g1 - g0) * group, esz = kv16 ? 2 : 4, blk = kv16 ? KV_BLOCK16 : KV_BLOCK;
+  int nq = (g1 - g0) * group, esz = kv16 ? 2 : 4;
+  /* small blocks pay off only when the call reads several KV heads of each row */
+  int blk = kv16 && g1 - g0 > 1 ? KV_BLOCK16 : KV_BLOCK;
   const char *kb = (const char *)kc, *vb = (const char *)vc;
   for (int j0 = 0; j0 < L; j0 += blk) {
     int jn = L - j0 < blk ? L - j0 : blk;
