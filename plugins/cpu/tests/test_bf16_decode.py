@@ -117,18 +117,29 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def avx2_lib(tmp_path_factory) -> ctypes.CDLL:
-    """The library built for AVX2 + FMA only (float32 activations in the GEMM)."""
+def _avx2_build(tmp_path_factory, name: str, *defines: str) -> ctypes.CDLL:
     cc = compiler()
     if cc is None or platform.machine() != "x86_64" or "avx2" not in open("/proc/cpuinfo").read():
         pytest.skip("needs a C compiler and an x86-64 CPU with AVX2")
-    out = tmp_path_factory.mktemp("avx2") / "libavx2.so"
-    subprocess.run([cc, "-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-o", str(out),
-                    str(BF16_SOURCE), "-lm"], check=True, capture_output=True)
+    out = tmp_path_factory.mktemp(name) / f"lib{name}.so"
+    subprocess.run([cc, "-O3", "-mavx2", "-mfma", "-fopenmp", *defines, "-shared", "-fPIC", "-o",
+                    str(out), str(BF16_SOURCE), "-lm"], check=True, capture_output=True)
     lib = kb.bind(ctypes.CDLL(str(out)))
     assert lib.infer_bf16_isa() == 2
     return lib
+
+
+@pytest.fixture(scope="module")
+def avx2_lib(tmp_path_factory) -> ctypes.CDLL:
+    """The library built for AVX2 + FMA only (float32 activations in the GEMM)."""
+    return _avx2_build(tmp_path_factory, "avx2")
+
+
+@pytest.fixture(scope="module")
+def avx2_per_head_lib(tmp_path_factory) -> ctypes.CDLL:
+    """The AVX2 build whose decode attention runs in phase A, one KV head per unit (as before the
+    all-heads phase, which the default build takes at every batch size)."""
+    return _avx2_build(tmp_path_factory, "avx2_per_head", "-DATTN_APART_ROWS=1000000")
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -149,8 +160,21 @@ def test_decode_stack_many_rows(threads):
                  seq_lens=[1 + (7 * i) % 23 for i in range(19)], num_pages=140)
 
 
+def test_decode_attention_of_all_heads_gives_the_per_head_bits(avx2_lib, avx2_per_head_lib):
+    """The AVX2 decode attends each row over all its KV heads in one call (a phase of its own);
+    the hidden states, logits and caches are the bits of one call per KV head."""
+    lens = [1 + (7 * i) % 23 for i in range(19)]
+    got = [_check_stack(CASES["smollm2_like"], 2, lib, seed=3, seq_lens=lens, num_pages=140)
+           for lib in (avx2_lib, avx2_per_head_lib)]
+    for a, b in zip(*got, strict=True):
+        assert torch.equal(a, b)
+
+
 def _check_stack(d: Dims, threads: int, lib: ctypes.CDLL, seed: int,
-                 seq_lens: list[int] | None = None, num_pages: int = 40) -> None:
+                 seq_lens: list[int] | None = None,
+                 num_pages: int = 40) -> tuple[torch.Tensor, ...]:
+    """One decode step of ``lib``'s stack against the torch step; its hidden states, logits and
+    caches."""
     g = torch.Generator().manual_seed(seed)
     n_layers, page, eps = 2, 4, 1e-5
     # including the new token: page-aligned and not
@@ -206,6 +230,7 @@ def _check_stack(d: Dims, threads: int, lib: ctypes.CDLL, seed: int,
     for mine, ref in zip(kcs + vcs, ref_k + ref_v, strict=True):
         off = (mine.float() - ref.float()).abs() > 1e-3 + 2 ** -7 * ref.float().abs()
         assert off.float().mean() < 1e-3 and (mine.float() - ref.float()).abs().max() < 0.02
+    return (h, logits, *kcs, *vcs)
 
 
 def test_thread_choice_measures_both_then_keeps_the_faster_and_explores():
