@@ -289,17 +289,25 @@ static void tile(const act_t *x, int64_t xs, int tm, const bf16 *P, int64_t ps, 
  * K is walked in chunks of KC pairs (a group's weights, TB x KC x 64 bytes, stay in L1 while
  * every row tile uses them); the rows' float32 sums wait in acc [M][TB][CB] between chunks. */
 #define KC 64
+#ifndef GEMM_MB
+#define GEMM_MB 32
+#endif
 static void gemm_blocks_ps(const act_t *act, int64_t xs, int M, int K2, const bf16 *P, int64_t ps,
                            const float *bias, int N, int b0, int b1, void *y, int64_t ys,
                            int y_bf16) { /* ps: elements from one packed block to the next */
   float(*acc)[TB][CB] = (float(*)[TB][CB])malloc(sizeof(float) * (size_t)M * TB * CB);
+  /* rows in groups of GEMM_MB: a group's activation chunk (GEMM_MB x KC pairs) stays in L1 while
+   * every column block passes over it (all M rows at once spilled to L2 from a few hundred rows:
+   * 38 against 46 G multiply-adds a second on one Zen 3 core). Same sums in the same order. */
+  for (int mb = 0; mb < M; mb += GEMM_MB) {
+  int me = M - mb < GEMM_MB ? M : mb + GEMM_MB;
   for (int b = b0; b < b1; b += TILE_TB) {
     int tb = b1 - b < TILE_TB ? b1 - b : TILE_TB;
     for (int kc = 0; kc < K2; kc += KC) {
       int kn = K2 - kc < KC ? K2 - kc : KC, init = kc == 0;
       const bf16 *w = P + b * ps + (int64_t)kc * 32;
-      for (int m = 0; m < M; m += TM) {
-        int tm = M - m < TM ? M - m : TM;
+      for (int m = mb; m < me; m += TM) {
+        int tm = me - m < TM ? me - m : TM;
         const act_t *x = act + m * xs + 2 * kc;
         /* constant tile sizes let the compiler keep the accumulators in registers */
         if (tm == TM && tb == TILE_TB)
@@ -323,12 +331,13 @@ static void gemm_blocks_ps(const act_t *act, int64_t xs, int M, int K2, const bf
           }
       }
     }
-    for (int i = 0; i < M; i++)
+    for (int i = mb; i < me; i++)
       for (int bb = 0; bb < tb; bb++) {
         int n = (b + bb) * CB, cols = N - n < CB ? N - n : CB;
         char *dst = (char *)y + (i * ys + n) * (y_bf16 ? 2 : 4);
         store16(acc[i][bb], bias ? bias + n : NULL, cols, dst, y_bf16);
       }
+  }
   }
   free(acc);
 }
