@@ -300,44 +300,44 @@ static void gemm_blocks_ps(const act_t *act, int64_t xs, int M, int K2, const bf
    * every column block passes over it (all M rows at once spilled to L2 from a few hundred rows:
    * 38 against 46 G multiply-adds a second on one Zen 3 core). Same sums in the same order. */
   for (int mb = 0; mb < M; mb += GEMM_MB) {
-  int me = M - mb < GEMM_MB ? M : mb + GEMM_MB;
-  for (int b = b0; b < b1; b += TILE_TB) {
-    int tb = b1 - b < TILE_TB ? b1 - b : TILE_TB;
-    for (int kc = 0; kc < K2; kc += KC) {
-      int kn = K2 - kc < KC ? K2 - kc : KC, init = kc == 0;
-      const bf16 *w = P + b * ps + (int64_t)kc * 32;
-      for (int m = mb; m < me; m += TM) {
-        int tm = me - m < TM ? me - m : TM;
-        const act_t *x = act + m * xs + 2 * kc;
-        /* constant tile sizes let the compiler keep the accumulators in registers */
-        if (tm == TM && tb == TILE_TB)
-          tile(x, xs, TM, w, ps, TILE_TB, kn, init, acc + m);
-        else if (tb == TILE_TB)
-          switch (tm) {
-            case 1: tile(x, xs, 1, w, ps, TILE_TB, kn, init, acc + m); break;
-            case 2: tile(x, xs, 2, w, ps, TILE_TB, kn, init, acc + m); break;
-            default: tile(x, xs, 3, w, ps, TILE_TB, kn, init, acc + m); break;
-          }
-        else
-          for (int bb = 0; bb < tb; bb++) { /* the last < TILE_TB blocks, one at a time: their
-                                               sums go to column block bb of acc's rows */
-            float(*dst)[TB][CB] = (float(*)[TB][CB])acc[m][bb];
+    int me = M - mb < GEMM_MB ? M : mb + GEMM_MB;
+    for (int b = b0; b < b1; b += TILE_TB) {
+      int tb = b1 - b < TILE_TB ? b1 - b : TILE_TB;
+      for (int kc = 0; kc < K2; kc += KC) {
+        int kn = K2 - kc < KC ? K2 - kc : KC, init = kc == 0;
+        const bf16 *w = P + b * ps + (int64_t)kc * 32;
+        for (int m = mb; m < me; m += TM) {
+          int tm = me - m < TM ? me - m : TM;
+          const act_t *x = act + m * xs + 2 * kc;
+          /* constant tile sizes let the compiler keep the accumulators in registers */
+          if (tm == TM && tb == TILE_TB)
+            tile(x, xs, TM, w, ps, TILE_TB, kn, init, acc + m);
+          else if (tb == TILE_TB)
             switch (tm) {
-              case 1: tile(x, xs, 1, w + bb * ps, ps, 1, kn, init, dst); break;
-              case 2: tile(x, xs, 2, w + bb * ps, ps, 1, kn, init, dst); break;
-              case 3: tile(x, xs, 3, w + bb * ps, ps, 1, kn, init, dst); break;
-              default: tile(x, xs, 4, w + bb * ps, ps, 1, kn, init, dst); break;
+              case 1: tile(x, xs, 1, w, ps, TILE_TB, kn, init, acc + m); break;
+              case 2: tile(x, xs, 2, w, ps, TILE_TB, kn, init, acc + m); break;
+              default: tile(x, xs, 3, w, ps, TILE_TB, kn, init, acc + m); break;
             }
-          }
+          else
+            for (int bb = 0; bb < tb; bb++) { /* the last < TILE_TB blocks, one at a time: their
+                                                 sums go to column block bb of acc's rows */
+              float(*dst)[TB][CB] = (float(*)[TB][CB])acc[m][bb];
+              switch (tm) {
+                case 1: tile(x, xs, 1, w + bb * ps, ps, 1, kn, init, dst); break;
+                case 2: tile(x, xs, 2, w + bb * ps, ps, 1, kn, init, dst); break;
+                case 3: tile(x, xs, 3, w + bb * ps, ps, 1, kn, init, dst); break;
+                default: tile(x, xs, 4, w + bb * ps, ps, 1, kn, init, dst); break;
+              }
+            }
+        }
       }
+      for (int i = mb; i < me; i++)
+        for (int bb = 0; bb < tb; bb++) {
+          int n = (b + bb) * CB, cols = N - n < CB ? N - n : CB;
+          char *dst = (char *)y + (i * ys + n) * (y_bf16 ? 2 : 4);
+          store16(acc[i][bb], bias ? bias + n : NULL, cols, dst, y_bf16);
+        }
     }
-    for (int i = mb; i < me; i++)
-      for (int bb = 0; bb < tb; bb++) {
-        int n = (b + bb) * CB, cols = N - n < CB ? N - n : CB;
-        char *dst = (char *)y + (i * ys + n) * (y_bf16 ? 2 : 4);
-        store16(acc[i][bb], bias ? bias + n : NULL, cols, dst, y_bf16);
-      }
-  }
   }
   free(acc);
 }
