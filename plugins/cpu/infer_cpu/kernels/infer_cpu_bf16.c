@@ -1360,7 +1360,7 @@ static void run_stack(const infer_bf16_layer *layers, int n_layers, float *h, in
   int B = T, seqs = ext_lens ? n_seqs : T;
   bf16_step st = {layers, n_layers, B, hidden, H, Hkv, D, inter, rot_dim, page, eps, scale,
                   h, pos, slots, cos_sin, block_tables, seq_lens, bt_stride};
-  int qkv_w = (H + 2 * Hkv) * D, kmax = hidden > H * D ? hidden : H * D, lmax = 1, G = H / Hkv;
+  int qkv_w = (H + 2 * Hkv) * D, kmax = hidden > H * D ? hidden : H * D, lmax = 1;
   kmax = kmax > inter ? kmax : inter;
   for (int m = 0; m < seqs; m++) lmax = seq_lens[m] > lmax ? seq_lens[m] : lmax;
   int nt = threads > 0 ? threads : g_threads;
@@ -1384,7 +1384,8 @@ static void run_stack(const infer_bf16_layer *layers, int n_layers, float *h, in
   j.as = as;
   j.split_heads = D % CB == 0;
 #if !defined(__AVX512F__) && defined(INFER_ATTN_TILES)
-  j.attn_apart = ext_lens == NULL && j.split_heads && B >= ATTN_APART_ROWS && D % 32 == 0 && G <= 64;
+  j.attn_apart = ext_lens == NULL && j.split_heads && B >= ATTN_APART_ROWS && D % 32 == 0 &&
+                 H / Hkv <= 64;
 #endif
   j.split_inter = inter % CB == 0;
   j.rows_a = ext_lens ? 32 : 8;
