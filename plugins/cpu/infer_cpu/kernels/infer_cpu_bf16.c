@@ -707,6 +707,27 @@ static inline __attribute__((always_inline)) void attend_regs(const bf16_attn *a
 }
 #endif
 
+#ifdef INFER_ATTN_TILES
+/* The AVX2 register tiles (infer_cpu_attn.h) for query row r of sequence b over KV heads
+ * [g0, g1): out's bf16 values of their query heads. s: scratch of (g1 - g0) (H / Hkv) seq_len
+ * floats; o: of (g1 - g0) (H / Hkv) D; inv: of (g1 - g0) (H / Hkv). 0 where the tiles do not
+ * apply (D not a multiple of 32, more than 64 query heads a KV head, no memory for the offsets). */
+static int attend_tiles(const bf16_attn *a, int r, int b, int g0, int g1, float *s, float *o,
+                        float *inv) {
+  int G = a->H / a->Hkv, D = a->D, L = a->seq_lens[b];
+  if (D % 32 != 0 || G > 64) return 0;
+  int64_t obuf[1024], *off = L <= 1024 ? obuf : malloc(sizeof(int64_t) * (size_t)L);
+  if (!off) return 0;
+  attn_row_offsets(a->block_tables + b * a->bt_stride, a->page, (int64_t)a->Hkv * D, L, off);
+  attn_kv_groups(a->q + r * a->q_stride + (int64_t)g0 * G * D, g0, g1, G, a->k_cache, a->v_cache,
+                 1, off, L, D, a->scale, s, o, inv, o);
+  if (off != obuf) free(off);
+  bf16 *dst = a->out + (int64_t)r * a->H * D + (int64_t)g0 * G * D;
+  for (int64_t i = 0; i < (int64_t)(g1 - g0) * G * D; i++) dst[i] = f32_to_bf16(o[i]);
+  return 1;
+}
+#endif
+
 /* Query row r (q and out) of sequence b (its length and pages), KV head g's query heads over
  * the sequence's keys: the decode attention. s: scratch of (H / Hkv) * seq_len floats; o: of
  * (H / Hkv) * D floats. */
@@ -732,18 +753,8 @@ static void attend_row(const bf16_attn *a, int r, int b, int g, float *s, float 
   const int32_t *bt = a->block_tables + b * a->bt_stride;
   int64_t row = (int64_t)a->Hkv * D;
 #ifdef INFER_ATTN_TILES
-  if (D % 32 == 0 && G <= 64) { /* the AVX2 register tiles (infer_cpu_attn.h) */
-    int64_t obuf[1024], *off = L <= 1024 ? obuf : malloc(sizeof(int64_t) * (size_t)L);
-    float inv[64];
-    if (off) {
-      attn_row_offsets(bt, a->page, row, L, off);
-      attn_kv_groups(q, g, g + 1, G, a->k_cache, a->v_cache, 1, off, L, D, a->scale, s, o, inv, o);
-      if (off != obuf) free(off);
-      bf16 *dst = a->out + (int64_t)r * a->H * D + (int64_t)g * G * D;
-      for (int i = 0; i < G * D; i++) dst[i] = f32_to_bf16(o[i]);
-      return;
-    }
-  }
+  float inv[64];
+  if (attend_tiles(a, r, b, g, g + 1, s, o, inv)) return;
 #endif
   for (int j = 0; j < L; j++) {
     int64_t slot = (int64_t)bt[j / a->page] * a->page + j % a->page;
@@ -785,23 +796,10 @@ static void attend_unit(const bf16_attn *a, int u, float *s, float *o) {
  * in short blocks (infer_cpu_attn.h): the same bits as one call per head. s: scratch of H *
  * seq_len floats; o: of H * D + H. */
 static void attend_row_heads(const bf16_attn *a, int r, int b, float *s, float *o) {
-  int G = a->H / a->Hkv, D = a->D, L = a->seq_lens[b];
 #if !defined(__AVX512F__) && defined(INFER_ATTN_TILES)
-  if (D % 32 == 0 && G <= 64) {
-    int64_t obuf[1024], *off = L <= 1024 ? obuf : malloc(sizeof(int64_t) * (size_t)L);
-    if (off) {
-      attn_row_offsets(a->block_tables + b * a->bt_stride, a->page, (int64_t)a->Hkv * D, L, off);
-      attn_kv_groups(a->q + r * a->q_stride, 0, a->Hkv, G, a->k_cache, a->v_cache, 1, off, L, D,
-                     a->scale, s, o, o + (int64_t)a->H * D, o);
-      if (off != obuf) free(off);
-      bf16 *dst = a->out + (int64_t)r * a->H * D;
-      for (int64_t i = 0; i < (int64_t)a->H * D; i++) dst[i] = f32_to_bf16(o[i]);
-      return;
-    }
-  }
+  if (attend_tiles(a, r, b, 0, a->Hkv, s, o, o + (int64_t)a->H * a->D)) return;
 #endif
   for (int g = 0; g < a->Hkv; g++) attend_row(a, r, b, g, s, o);
-  (void)G, (void)D, (void)L;
 }
 
 /* ---- prefill / extend attention over a paged bf16 cache (the per-op path's backend) ----
@@ -1174,16 +1172,24 @@ static void qkv_rows(const dec_job *j, int u, int *pg0, int *pg1, int *pr0, int 
   *pg0 = g0, *pg1 = g1, *pr0 = r0, *pr1 = r1;
 }
 
+/* The decode attention's view of the step's current layer (queries in qkv, outputs in att). */
+static bf16_attn dec_attn_view(const dec_job *j) {
+  const bf16_step *st = j->st;
+  bf16_attn at = {j->qkv, (st->H + 2 * st->Hkv) * st->D, j->L->k_cache, j->L->v_cache,
+                  st->block_tables, st->bt_stride, st->seq_lens, j->att, st->H, st->Hkv, st->D,
+                  st->page, st->scale};
+  return at;
+}
+
 /* Phase A of a decode step: the unit's projections, then its rows' attention over their
  * sequences' keys (one new token each: every key it needs is written already). */
 static void dec_attn_unit(void *p, int u, int worker) {
   const dec_job *j = (const dec_job *)p;
   const bf16_step *st = j->st;
-  int g0, g1, r0, r1, H = st->H, D = st->D, qkv_w = (H + 2 * st->Hkv) * D;
+  int g0, g1, r0, r1;
   qkv_rows(j, u, &g0, &g1, &r0, &r1);
   if (j->attn_apart) return; /* dec_heads_unit attends, once every head's keys are written */
-  bf16_attn at = {j->qkv, qkv_w, j->L->k_cache, j->L->v_cache, st->block_tables, st->bt_stride,
-                  st->seq_lens, j->att, H, st->Hkv, D, st->page, st->scale};
+  bf16_attn at = dec_attn_view(j);
   for (int b = r0; b < r1; b++)
     for (int g = g0; g < g1; g++) attend_unit(&at, b * st->Hkv + g, j->w[worker].s, j->w[worker].o);
 }
@@ -1191,10 +1197,7 @@ static void dec_attn_unit(void *p, int u, int worker) {
 /* Phase A2 of a decode step with attn_apart: unit u = decode row u over every KV head. */
 static void dec_heads_unit(void *p, int u, int worker) {
   const dec_job *j = (const dec_job *)p;
-  const bf16_step *st = j->st;
-  int H = st->H, D = st->D, qkv_w = (H + 2 * st->Hkv) * D;
-  bf16_attn at = {j->qkv, qkv_w, j->L->k_cache, j->L->v_cache, st->block_tables, st->bt_stride,
-                  st->seq_lens, j->att, H, st->Hkv, D, st->page, st->scale};
+  bf16_attn at = dec_attn_view(j);
   attend_row_heads(&at, u, u, j->w[worker].s, j->w[worker].o);
 }
 
