@@ -4,6 +4,7 @@ alternating, in one run.
 
     python benchmarks/cpu_bf16_decode_micro.py --rev 95f99ae [--batch 1 32] [--context 160]
                                                [--threads 1 2] [--rounds 2] [--mixed N]
+                                               [--prefill L]
 
 SmolLM2-135M's shapes (30 layers, hidden 576, 9 query / 3 KV heads of 64, MLP 1536, vocabulary
 49,152) with random bf16 weights and a random bf16 KV cache of ``--context`` tokens per sequence
@@ -108,6 +109,29 @@ class Stack:
            VOCAB, rows.data_ptr(), b + 1, logits.data_ptr())
         return time.perf_counter() - t
 
+    def prefill_step(self, fn, threads: int, length: int) -> float:
+        """A prefill batch: each of the batch's sequences a new ``length``-token prompt in its own
+        pages, through ``infer_bf16_forward_layers`` (the step that starts a wave of requests)."""
+        import torch
+
+        b, per = self.batch, self.bt.shape[1]
+        if per * PAGE < length:
+            raise SystemExit(f"--prefill {length} needs --context {length} or more")
+        lens = torch.full((b,), length, dtype=torch.int32)
+        pos = torch.arange(length).repeat(b)
+        slots = torch.tensor([int(self.bt[s, i // PAGE]) * PAGE + i % PAGE
+                              for s in range(b) for i in range(length)], dtype=torch.int64)
+        rows = (torch.arange(b) * length + length - 1).long()
+        h = torch.randn(b * length, HIDDEN)
+        logits = torch.empty(b, VOCAB)
+        t = time.perf_counter()
+        fn(self.table, LAYERS, h.data_ptr(), b * length, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER,
+           1e-5, pos.data_ptr(), self.cos_sin.data_ptr(), HEAD_DIM, slots.data_ptr(),
+           self.bt.data_ptr(), self.bt.stride(0), lens.data_ptr(), lens.data_ptr(), b, PAGE,
+           HEAD_DIM ** -0.5, threads, self.final_norm.data_ptr(), 1e-5, self.lm.data.data_ptr(),
+           VOCAB, rows.data_ptr(), b, logits.data_ptr())
+        return time.perf_counter() - t
+
     def step(self, fn, threads: int) -> float:
         h = self.h0.clone()
         t = time.perf_counter()
@@ -130,13 +154,19 @@ def main() -> None:
     ap.add_argument("--mixed", type=int, default=0, metavar="N",
                     help="time mixed steps instead: the batch's decode rows plus an N-token prompt "
                          "(infer_bf16_forward_layers; the baseline revision needs it)")
+    ap.add_argument("--prefill", type=int, default=0, metavar="L",
+                    help="time prefill steps instead: every one of the batch's sequences an "
+                         "L-token prompt (infer_bf16_forward_layers; tok/s counts prompt tokens)")
     args = ap.parse_args()
+    if args.mixed and args.prefill:
+        raise SystemExit("--mixed and --prefill are two different steps: give one")
 
     from infer_cpu.kernels import bf16 as kb
 
     with tempfile.TemporaryDirectory() as tmp:
         base = ctypes.CDLL(str(build_rev(args.rev, Path(tmp))))
-        name = "infer_bf16_forward_layers" if args.mixed else "infer_bf16_decode_layers"
+        name = ("infer_bf16_forward_layers" if args.mixed or args.prefill
+                else "infer_bf16_decode_layers")
         libs = {args.rev: getattr(base, name), "this tree": getattr(kb.load(), name)}
         for fn in libs.values():
             fn.argtypes = kb.SIGNATURES[name]
@@ -149,18 +179,23 @@ def main() -> None:
                 for name, fn in libs.items():
                     for threads in args.threads:
                         t = min((stack.mixed_step(fn, threads, args.mixed) if args.mixed
+                                 else stack.prefill_step(fn, threads, args.prefill) if args.prefill
                                  else stack.step(fn, threads)) for _ in range(args.steps))
                         key = (batch, threads, name)
                         best[key] = min(best.get(key, t), t)
         print(f"load average after: {os.getloadavg()[0]:.2f}")
-        what = f"decode rows + a {args.mixed}-token prompt" if args.mixed else "decode rows"
-        print(f"steps of {what}; tok/s counts the decode rows' tokens")
+        what = (f"decode rows + a {args.mixed}-token prompt" if args.mixed
+                else f"{args.prefill}-token prompts, one a row of the batch" if args.prefill
+                else "decode rows")
+        counted = "prompt" if args.prefill else "decode rows'"
+        print(f"steps of {what}; tok/s counts the {counted} tokens")
         print("| batch | threads | " + " | ".join(f"{n} (ms / tok/s)" for n in libs) + " | ratio |")
         print("| --- | --- | " + " | ".join("---" for _ in libs) + " | --- |")
         for batch in args.batch:
             for threads in args.threads:
                 ts = [best[(batch, threads, n)] for n in libs]
-                cells = " | ".join(f"{t * 1e3:.1f} / {batch / t:.0f}" for t in ts)
+                toks = batch * (args.prefill or 1)
+                cells = " | ".join(f"{t * 1e3:.1f} / {toks / t:.0f}" for t in ts)
                 print(f"| {batch} | {threads} | {cells} | {ts[0] / ts[1]:.2f}x |")
 
 

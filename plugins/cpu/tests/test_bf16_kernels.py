@@ -54,7 +54,7 @@ def test_pack_layout_and_round_trip():
     assert torch.equal(p.unpack(), w)
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 17, 33, 64, 130])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 17, 33, 37, 64, 130])
 @pytest.mark.parametrize("k,n", [(576, 67), (37, 16), (1, 5), (129, 130)])
 def test_gemm_float32_in_out(m, k, n):
     x, w, bias = _case(m, k, n, seed=1000 * m + k + n)

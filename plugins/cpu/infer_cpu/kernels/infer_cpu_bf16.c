@@ -45,7 +45,11 @@ typedef float act_t; /* bf16-rounded values held as float32 */
 #endif
 
 #define CB 16 /* columns per packed block */
-#define TM 4  /* activation rows per register tile */
+#ifdef BF16_AVX2
+#define TM 6 /* activation rows per register tile */
+#else
+#define TM 4
+#endif
 #define TB 4  /* column blocks per register tile (AVX-512); the AVX2 tile is one block */
 
 static int g_threads = 1;
@@ -235,12 +239,105 @@ static inline __attribute__((always_inline)) void tile(const act_t *x, int64_t x
 }
 #define TILE_TB TB
 #elif defined(BF16_AVX2)
-/* One block (16 columns = two 8-column halves); even k from (w << 16), odd from (w & 0xFFFF0000). */
+/* One block (16 columns = two 8-column halves); even k from (w << 16), odd from (w & 0xFFFF0000).
+ * The even halves' FMAs of every row go before the odd ones' (each sum still takes k, then
+ * k + 1), so only one pair of widened weight vectors is live: TM x 2 sums + 2 weights + the mask
+ * + one broadcast fit the 16 ymm registers with TM = 6. */
 static inline __attribute__((always_inline)) void tile(const act_t *x, int64_t xs, int tm,
                                                        const bf16 *P, int64_t ps, int tb, int K2,
                                                        int init, float out[][TB][CB]) {
   (void)ps;
   (void)tb;
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (tm == 6) { /* in assembly: GCC's allocator spills this tile's 12 sums when it is C */
+    _Static_assert(TB * CB * sizeof(float) == 256, "out's row stride in the assembly");
+    if (init)
+      for (int m = 0; m < 6; m++) memset(out[m][0], 0, sizeof(float) * CB);
+    const bf16 *pw = P;
+    const float *x0 = x, *x3 = x + 3 * xs;
+    int64_t rs = xs * (int64_t)sizeof(float), n = K2;
+    __asm__ volatile(
+        "vmovups 0(%[out]), %%ymm0\n\t"
+        "vmovups 32(%[out]), %%ymm1\n\t"
+        "vmovups 256(%[out]), %%ymm2\n\t"
+        "vmovups 288(%[out]), %%ymm3\n\t"
+        "vmovups 512(%[out]), %%ymm4\n\t"
+        "vmovups 544(%[out]), %%ymm5\n\t"
+        "vmovups 768(%[out]), %%ymm6\n\t"
+        "vmovups 800(%[out]), %%ymm7\n\t"
+        "vmovups 1024(%[out]), %%ymm8\n\t"
+        "vmovups 1056(%[out]), %%ymm9\n\t"
+        "vmovups 1280(%[out]), %%ymm10\n\t"
+        "vmovups 1312(%[out]), %%ymm11\n\t"
+        "vpcmpeqd %%ymm15, %%ymm15, %%ymm15\n\t"
+        "vpslld $16, %%ymm15, %%ymm15\n\t"
+        "1:\n\t"
+        "vmovdqu (%[pw]), %%ymm12\n\t"
+        "vmovdqu 32(%[pw]), %%ymm13\n\t"
+        "vpslld $16, %%ymm12, %%ymm12\n\t"
+        "vpslld $16, %%ymm13, %%ymm13\n\t"
+        "vbroadcastss (%[x0]), %%ymm14\n\t"
+        "vfmadd231ps %%ymm12, %%ymm14, %%ymm0\n\t"
+        "vfmadd231ps %%ymm13, %%ymm14, %%ymm1\n\t"
+        "vbroadcastss (%[x0],%[rs]), %%ymm14\n\t"
+        "vfmadd231ps %%ymm12, %%ymm14, %%ymm2\n\t"
+        "vfmadd231ps %%ymm13, %%ymm14, %%ymm3\n\t"
+        "vbroadcastss (%[x0],%[rs],2), %%ymm14\n\t"
+        "vfmadd231ps %%ymm12, %%ymm14, %%ymm4\n\t"
+        "vfmadd231ps %%ymm13, %%ymm14, %%ymm5\n\t"
+        "vbroadcastss (%[x3]), %%ymm14\n\t"
+        "vfmadd231ps %%ymm12, %%ymm14, %%ymm6\n\t"
+        "vfmadd231ps %%ymm13, %%ymm14, %%ymm7\n\t"
+        "vbroadcastss (%[x3],%[rs]), %%ymm14\n\t"
+        "vfmadd231ps %%ymm12, %%ymm14, %%ymm8\n\t"
+        "vfmadd231ps %%ymm13, %%ymm14, %%ymm9\n\t"
+        "vbroadcastss (%[x3],%[rs],2), %%ymm14\n\t"
+        "vfmadd231ps %%ymm12, %%ymm14, %%ymm10\n\t"
+        "vfmadd231ps %%ymm13, %%ymm14, %%ymm11\n\t"
+        "vpand (%[pw]), %%ymm15, %%ymm12\n\t"
+        "vpand 32(%[pw]), %%ymm15, %%ymm13\n\t"
+        "vbroadcastss 4(%[x0]), %%ymm14\n\t"
+        "vfmadd231ps %%ymm12, %%ymm14, %%ymm0\n\t"
+        "vfmadd231ps %%ymm13, %%ymm14, %%ymm1\n\t"
+        "vbroadcastss 4(%[x0],%[rs]), %%ymm14\n\t"
+        "vfmadd231ps %%ymm12, %%ymm14, %%ymm2\n\t"
+        "vfmadd231ps %%ymm13, %%ymm14, %%ymm3\n\t"
+        "vbroadcastss 4(%[x0],%[rs],2), %%ymm14\n\t"
+        "vfmadd231ps %%ymm12, %%ymm14, %%ymm4\n\t"
+        "vfmadd231ps %%ymm13, %%ymm14, %%ymm5\n\t"
+        "vbroadcastss 4(%[x3]), %%ymm14\n\t"
+        "vfmadd231ps %%ymm12, %%ymm14, %%ymm6\n\t"
+        "vfmadd231ps %%ymm13, %%ymm14, %%ymm7\n\t"
+        "vbroadcastss 4(%[x3],%[rs]), %%ymm14\n\t"
+        "vfmadd231ps %%ymm12, %%ymm14, %%ymm8\n\t"
+        "vfmadd231ps %%ymm13, %%ymm14, %%ymm9\n\t"
+        "vbroadcastss 4(%[x3],%[rs],2), %%ymm14\n\t"
+        "vfmadd231ps %%ymm12, %%ymm14, %%ymm10\n\t"
+        "vfmadd231ps %%ymm13, %%ymm14, %%ymm11\n\t"
+        "addq $64, %[pw]\n\t"
+        "addq $8, %[x0]\n\t"
+        "addq $8, %[x3]\n\t"
+        "decq %[n]\n\t"
+        "jnz 1b\n\t"
+        "vmovups %%ymm0, 0(%[out])\n\t"
+        "vmovups %%ymm1, 32(%[out])\n\t"
+        "vmovups %%ymm2, 256(%[out])\n\t"
+        "vmovups %%ymm3, 288(%[out])\n\t"
+        "vmovups %%ymm4, 512(%[out])\n\t"
+        "vmovups %%ymm5, 544(%[out])\n\t"
+        "vmovups %%ymm6, 768(%[out])\n\t"
+        "vmovups %%ymm7, 800(%[out])\n\t"
+        "vmovups %%ymm8, 1024(%[out])\n\t"
+        "vmovups %%ymm9, 1056(%[out])\n\t"
+        "vmovups %%ymm10, 1280(%[out])\n\t"
+        "vmovups %%ymm11, 1312(%[out])"
+        : [pw] "+r"(pw), [x0] "+r"(x0), [x3] "+r"(x3), [n] "+r"(n)
+        : [rs] "r"(rs), [out] "r"(out)
+        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+          "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc", "memory");
+    return;
+  }
+#endif
   const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
   __m256 acc[TM][2];
   for (int m = 0; m < tm; m++) {
@@ -248,17 +345,35 @@ static inline __attribute__((always_inline)) void tile(const act_t *x, int64_t x
     acc[m][1] = init ? _mm256_setzero_ps() : _mm256_loadu_ps(out[m][0] + 8);
   }
   for (int j = 0; j < K2; j++) {
-    __m256i w0 = _mm256_loadu_si256((const __m256i *)(P + (int64_t)j * 32));
-    __m256i w1 = _mm256_loadu_si256((const __m256i *)(P + (int64_t)j * 32 + 16));
-    __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16));
-    __m256 o0 = _mm256_castsi256_ps(_mm256_and_si256(w0, hi));
-    __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16));
-    __m256 o1 = _mm256_castsi256_ps(_mm256_and_si256(w1, hi));
+    const __m256i *wp = (const __m256i *)(P + (int64_t)j * 32);
+    if (tm <= 4) { /* both halves' weights live: 8 sums + 4 weights + 2 broadcasts */
+      __m256i w0 = _mm256_loadu_si256(wp), w1 = _mm256_loadu_si256(wp + 1);
+      __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16));
+      __m256 o0 = _mm256_castsi256_ps(_mm256_and_si256(w0, hi));
+      __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16));
+      __m256 o1 = _mm256_castsi256_ps(_mm256_and_si256(w1, hi));
+      for (int m = 0; m < tm; m++) {
+        __m256 xe = _mm256_broadcast_ss(x + m * xs + 2 * j);
+        __m256 xo = _mm256_broadcast_ss(x + m * xs + 2 * j + 1);
+        acc[m][0] = _mm256_fmadd_ps(o0, xo, _mm256_fmadd_ps(e0, xe, acc[m][0]));
+        acc[m][1] = _mm256_fmadd_ps(o1, xo, _mm256_fmadd_ps(e1, xe, acc[m][1]));
+      }
+      continue;
+    }
+    /* 5 rows: the even halves' FMAs of every row, then the odd ones' (one pair of weights live) */
+    __m256 w0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(wp), 16));
+    __m256 w1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(wp + 1), 16));
     for (int m = 0; m < tm; m++) {
       __m256 xe = _mm256_broadcast_ss(x + m * xs + 2 * j);
+      acc[m][0] = _mm256_fmadd_ps(w0, xe, acc[m][0]);
+      acc[m][1] = _mm256_fmadd_ps(w1, xe, acc[m][1]);
+    }
+    w0 = _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256(wp), hi));
+    w1 = _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256(wp + 1), hi));
+    for (int m = 0; m < tm; m++) {
       __m256 xo = _mm256_broadcast_ss(x + m * xs + 2 * j + 1);
-      acc[m][0] = _mm256_fmadd_ps(o0, xo, _mm256_fmadd_ps(e0, xe, acc[m][0]));
-      acc[m][1] = _mm256_fmadd_ps(o1, xo, _mm256_fmadd_ps(e1, xe, acc[m][1]));
+      acc[m][0] = _mm256_fmadd_ps(w0, xo, acc[m][0]);
+      acc[m][1] = _mm256_fmadd_ps(w1, xo, acc[m][1]);
     }
   }
   for (int m = 0; m < tm; m++) {
@@ -290,8 +405,16 @@ static void tile(const act_t *x, int64_t xs, int tm, const bf16 *P, int64_t ps, 
  * every row tile uses them); the rows' float32 sums wait in acc [M][TB][CB] between chunks. */
 #define KC 64
 #ifndef GEMM_MB
-#define GEMM_MB 32
+#define GEMM_MB (TM == 6 ? 36 : 32)
 #endif
+
+/* Rows of the next register tile when rem rows are left: TM, except that 7 and 8 left take
+ * 4 (then 3 or 4) rather than TM and a tile of 1 or 2, whose few sums run at a fraction of the
+ * FMA rate. Only the grouping changes: every sum runs over k in the same order. */
+static inline int row_tile(int rem) {
+  if (rem <= TM) return rem;
+  return TM == 6 && rem <= 8 ? 4 : TM;
+}
 static void gemm_blocks_ps(const act_t *act, int64_t xs, int M, int K2, const bf16 *P, int64_t ps,
                            const float *bias, int N, int b0, int b1, void *y, int64_t ys,
                            int y_bf16) { /* ps: elements from one packed block to the next */
@@ -306,8 +429,8 @@ static void gemm_blocks_ps(const act_t *act, int64_t xs, int M, int K2, const bf
       for (int kc = 0; kc < K2; kc += KC) {
         int kn = K2 - kc < KC ? K2 - kc : KC, init = kc == 0;
         const bf16 *w = P + b * ps + (int64_t)kc * 32;
-        for (int m = mb; m < me; m += TM) {
-          int tm = me - m < TM ? me - m : TM;
+        for (int m = mb, tm; m < me; m += tm) {
+          tm = row_tile(me - m);
           const act_t *x = act + m * xs + 2 * kc;
           /* constant tile sizes let the compiler keep the accumulators in registers */
           if (tm == TM && tb == TILE_TB)
@@ -316,7 +439,13 @@ static void gemm_blocks_ps(const act_t *act, int64_t xs, int M, int K2, const bf
             switch (tm) {
               case 1: tile(x, xs, 1, w, ps, TILE_TB, kn, init, acc + m); break;
               case 2: tile(x, xs, 2, w, ps, TILE_TB, kn, init, acc + m); break;
+#if TM > 4
+              case 3: tile(x, xs, 3, w, ps, TILE_TB, kn, init, acc + m); break;
+              case 4: tile(x, xs, 4, w, ps, TILE_TB, kn, init, acc + m); break;
+              default: tile(x, xs, 5, w, ps, TILE_TB, kn, init, acc + m); break;
+#else
               default: tile(x, xs, 3, w, ps, TILE_TB, kn, init, acc + m); break;
+#endif
             }
           else
             for (int bb = 0; bb < tb; bb++) { /* the last < TILE_TB blocks, one at a time: their
