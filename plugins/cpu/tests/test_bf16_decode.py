@@ -242,7 +242,8 @@ def test_thread_choice_measures_both_then_keeps_the_faster_and_explores():
         seen.append(t)
         tc.record(8, t, cost[t])
     assert seen[:2] == [1, 2]  # each size measured once
-    assert seen[2:] == [1, 1, 1, 2, 1, 1, 1, 2, 1, 1]  # the faster; every 4th step the other
+    # the faster; the other (1.3x) every 4 x 4 x 0.3 = 4.8 -> 5th step
+    assert seen[2:] == [1, 1, 1, 1, 2, 1, 1, 1, 1, 2]
     cost = {1: 0.010, 2: 0.001}  # the load went away: one exploring step finds it
     for _ in range(4):
         t = tc.pick(8)
@@ -254,9 +255,10 @@ def test_thread_choice_measures_both_then_keeps_the_faster_and_explores():
 
 
 def test_thread_choice_explores_a_far_slower_candidate_less_often():
-    """Each exploring step costs the other candidate's extra time: at 2x the best's, every 2 x
-    ``explore`` steps; at 4x or more, every 4 x ``explore``."""
-    for ratio, every in ((2.0, 8), (3.5, 12), (9.0, 16)):
+    """Each exploring step costs the other candidate's extra time (ratio - 1 steps), so it comes
+    every 4 x ``explore`` x (ratio - 1) steps: about 1 / (4 x ``explore``) of the time, within
+    [``explore``, 16 x ``explore``] steps."""
+    for ratio, every in ((1.1, 4), (2.0, 16), (3.5, 40), (9.0, 64)):
         tc = kb.ThreadChoice(2, explore=4)
         cost = {1: 0.010 * ratio, 2: 0.010}
         seen = []

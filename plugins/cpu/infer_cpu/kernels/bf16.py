@@ -132,10 +132,12 @@ class ThreadChoice:
     answers that count. ``max_first``: measure ``max_threads`` first (large jobs, such as a
     prefill, whose first call should not be the slow one).
 
-    Exploring: the other candidate every ``explore``-th step of a class, less often the slower it
-    measured (every ``explore`` x its time ratio to the best, rounded down, up to 4x: each try
-    costs that ratio's extra step time; on a quiet machine one thread takes about twice as long
-    at batch 32, and exploring it every 16 steps cost 8-12 % of the decode rate). An exploring
+    Exploring: the other candidate now and then, so that a class spends about 1 / (4 x
+    ``explore``) of its time on it. An exploring step costs the other's extra time (ratio - 1
+    best steps), so it comes every 4 x ``explore`` x (ratio - 1) steps, rounded, at least every
+    ``explore``-th and at most every 16 x ``explore``-th. (On a quiet 2-core machine one thread
+    takes 1.6x as long at batch 32: exploring it every 16th step cost 3.75 % of the decode rate,
+    every 38th costs 1.6 %.) An exploring
     step's time replaces that candidate's average instead of joining it: the average may be
     stale (measured under a load that has gone), and one step tells. A load that appears shows
     in the best candidate's own steps, which are measured every time."""
@@ -161,7 +163,8 @@ class ThreadChoice:
         other = next((t for t in self.candidates if t != best), best)
         ratio = self._avg[(c, other)] / max(self._avg[(c, best)], 1e-12)
         since = self._since[c] = self._since.get(c, 0) + 1
-        if other != best and since >= self.explore * min(4, max(1, int(ratio))):
+        every = min(16 * self.explore, max(self.explore, round(4 * self.explore * (ratio - 1))))
+        if other != best and since >= every:
             self._since[c] = 0
             self._exploring[c] = other
             return other
