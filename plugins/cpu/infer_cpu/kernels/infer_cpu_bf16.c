@@ -256,85 +256,47 @@ static inline __attribute__((always_inline)) void tile(const act_t *x, int64_t x
     const bf16 *pw = P;
     const float *x0 = x, *x3 = x + 3 * xs;
     int64_t rs = xs * (int64_t)sizeof(float), n = K2;
-    __asm__ volatile(
-        "vmovups 0(%[out]), %%ymm0\n\t"
-        "vmovups 32(%[out]), %%ymm1\n\t"
-        "vmovups 256(%[out]), %%ymm2\n\t"
-        "vmovups 288(%[out]), %%ymm3\n\t"
-        "vmovups 512(%[out]), %%ymm4\n\t"
-        "vmovups 544(%[out]), %%ymm5\n\t"
-        "vmovups 768(%[out]), %%ymm6\n\t"
-        "vmovups 800(%[out]), %%ymm7\n\t"
-        "vmovups 1024(%[out]), %%ymm8\n\t"
-        "vmovups 1056(%[out]), %%ymm9\n\t"
-        "vmovups 1280(%[out]), %%ymm10\n\t"
-        "vmovups 1312(%[out]), %%ymm11\n\t"
-        "vpcmpeqd %%ymm15, %%ymm15, %%ymm15\n\t"
-        "vpslld $16, %%ymm15, %%ymm15\n\t"
-        "1:\n\t"
-        "vmovdqu (%[pw]), %%ymm12\n\t"
-        "vmovdqu 32(%[pw]), %%ymm13\n\t"
-        "vpslld $16, %%ymm12, %%ymm12\n\t"
-        "vpslld $16, %%ymm13, %%ymm13\n\t"
-        "vbroadcastss (%[x0]), %%ymm14\n\t"
-        "vfmadd231ps %%ymm12, %%ymm14, %%ymm0\n\t"
-        "vfmadd231ps %%ymm13, %%ymm14, %%ymm1\n\t"
-        "vbroadcastss (%[x0],%[rs]), %%ymm14\n\t"
-        "vfmadd231ps %%ymm12, %%ymm14, %%ymm2\n\t"
-        "vfmadd231ps %%ymm13, %%ymm14, %%ymm3\n\t"
-        "vbroadcastss (%[x0],%[rs],2), %%ymm14\n\t"
-        "vfmadd231ps %%ymm12, %%ymm14, %%ymm4\n\t"
-        "vfmadd231ps %%ymm13, %%ymm14, %%ymm5\n\t"
-        "vbroadcastss (%[x3]), %%ymm14\n\t"
-        "vfmadd231ps %%ymm12, %%ymm14, %%ymm6\n\t"
-        "vfmadd231ps %%ymm13, %%ymm14, %%ymm7\n\t"
-        "vbroadcastss (%[x3],%[rs]), %%ymm14\n\t"
-        "vfmadd231ps %%ymm12, %%ymm14, %%ymm8\n\t"
-        "vfmadd231ps %%ymm13, %%ymm14, %%ymm9\n\t"
-        "vbroadcastss (%[x3],%[rs],2), %%ymm14\n\t"
-        "vfmadd231ps %%ymm12, %%ymm14, %%ymm10\n\t"
-        "vfmadd231ps %%ymm13, %%ymm14, %%ymm11\n\t"
-        "vpand (%[pw]), %%ymm15, %%ymm12\n\t"
-        "vpand 32(%[pw]), %%ymm15, %%ymm13\n\t"
-        "vbroadcastss 4(%[x0]), %%ymm14\n\t"
-        "vfmadd231ps %%ymm12, %%ymm14, %%ymm0\n\t"
-        "vfmadd231ps %%ymm13, %%ymm14, %%ymm1\n\t"
-        "vbroadcastss 4(%[x0],%[rs]), %%ymm14\n\t"
-        "vfmadd231ps %%ymm12, %%ymm14, %%ymm2\n\t"
-        "vfmadd231ps %%ymm13, %%ymm14, %%ymm3\n\t"
-        "vbroadcastss 4(%[x0],%[rs],2), %%ymm14\n\t"
-        "vfmadd231ps %%ymm12, %%ymm14, %%ymm4\n\t"
-        "vfmadd231ps %%ymm13, %%ymm14, %%ymm5\n\t"
-        "vbroadcastss 4(%[x3]), %%ymm14\n\t"
-        "vfmadd231ps %%ymm12, %%ymm14, %%ymm6\n\t"
-        "vfmadd231ps %%ymm13, %%ymm14, %%ymm7\n\t"
-        "vbroadcastss 4(%[x3],%[rs]), %%ymm14\n\t"
-        "vfmadd231ps %%ymm12, %%ymm14, %%ymm8\n\t"
-        "vfmadd231ps %%ymm13, %%ymm14, %%ymm9\n\t"
-        "vbroadcastss 4(%[x3],%[rs],2), %%ymm14\n\t"
-        "vfmadd231ps %%ymm12, %%ymm14, %%ymm10\n\t"
-        "vfmadd231ps %%ymm13, %%ymm14, %%ymm11\n\t"
-        "addq $64, %[pw]\n\t"
-        "addq $8, %[x0]\n\t"
-        "addq $8, %[x3]\n\t"
-        "decq %[n]\n\t"
-        "jnz 1b\n\t"
-        "vmovups %%ymm0, 0(%[out])\n\t"
-        "vmovups %%ymm1, 32(%[out])\n\t"
-        "vmovups %%ymm2, 256(%[out])\n\t"
-        "vmovups %%ymm3, 288(%[out])\n\t"
-        "vmovups %%ymm4, 512(%[out])\n\t"
-        "vmovups %%ymm5, 544(%[out])\n\t"
-        "vmovups %%ymm6, 768(%[out])\n\t"
-        "vmovups %%ymm7, 800(%[out])\n\t"
-        "vmovups %%ymm8, 1024(%[out])\n\t"
-        "vmovups %%ymm9, 1056(%[out])\n\t"
-        "vmovups %%ymm10, 1280(%[out])\n\t"
-        "vmovups %%ymm11, 1312(%[out])"
-        : [pw] "+r"(pw), [x0] "+r"(x0), [x3] "+r"(x3), [n] "+r"(n)
-        : [rs] "r"(rs), [out] "r"(out)
-        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
-          "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc", "memory");
+/* row m's sums ymm(2m), ymm(2m + 1) += the widened weights ymm12, ymm13 x its value at OFF */
+#define ROW(OFF, X, A, B)                                                   \
+  "vbroadcastss " OFF X ", %%ymm14\n\t"                                     \
+  "vfmadd231ps %%ymm12, %%ymm14, %%ymm" A "\n\t"                            \
+  "vfmadd231ps %%ymm13, %%ymm14, %%ymm" B "\n\t"
+#define ROWS6(OFF)                                                          \
+  ROW(OFF, "(%[x0])", "0", "1") ROW(OFF, "(%[x0],%[rs])", "2", "3")         \
+  ROW(OFF, "(%[x0],%[rs],2)", "4", "5") ROW(OFF, "(%[x3])", "6", "7")       \
+  ROW(OFF, "(%[x3],%[rs])", "8", "9") ROW(OFF, "(%[x3],%[rs],2)", "10", "11")
+/* the 12 sums between ymm0-11 and out (rows 256 bytes apart, halves 32) */
+#define SUMS(OP)                                                                               \
+  OP("0", "0") OP("1", "32") OP("2", "256") OP("3", "288") OP("4", "512") OP("5", "544")      \
+  OP("6", "768") OP("7", "800") OP("8", "1024") OP("9", "1056") OP("10", "1280")              \
+  OP("11", "1312")
+#define LOAD_SUM(R, OFS) "vmovups " OFS "(%[out]), %%ymm" R "\n\t"
+#define STORE_SUM(R, OFS) "vmovups %%ymm" R ", " OFS "(%[out])\n\t"
+    __asm__ volatile(SUMS(LOAD_SUM)
+                     "vpcmpeqd %%ymm15, %%ymm15, %%ymm15\n\t"
+                     "vpslld $16, %%ymm15, %%ymm15\n\t" /* 0xFFFF0000: the odd halves */
+                     "1:\n\t"
+                     "vmovdqu (%[pw]), %%ymm12\n\t"
+                     "vmovdqu 32(%[pw]), %%ymm13\n\t"
+                     "vpslld $16, %%ymm12, %%ymm12\n\t"
+                     "vpslld $16, %%ymm13, %%ymm13\n\t" ROWS6("")
+                     "vpand (%[pw]), %%ymm15, %%ymm12\n\t"
+                     "vpand 32(%[pw]), %%ymm15, %%ymm13\n\t" ROWS6("4")
+                     "addq $64, %[pw]\n\t"
+                     "addq $8, %[x0]\n\t"
+                     "addq $8, %[x3]\n\t"
+                     "decq %[n]\n\t"
+                     "jnz 1b\n\t" SUMS(STORE_SUM)
+                     : [pw] "+r"(pw), [x0] "+r"(x0), [x3] "+r"(x3), [n] "+r"(n)
+                     : [rs] "r"(rs), [out] "r"(out)
+                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",
+                       "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc",
+                       "memory");
+#undef ROW
+#undef ROWS6
+#undef SUMS
+#undef LOAD_SUM
+#undef STORE_SUM
     return;
   }
 #endif
