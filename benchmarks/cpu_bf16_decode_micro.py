@@ -100,13 +100,21 @@ class Stack:
                                                      for i in range(prefill)], dtype=torch.int64)])
         rows = torch.cat([torch.arange(b), torch.tensor([b + prefill - 1])]).long()
         h = torch.cat([self.h0, torch.randn(prefill, HIDDEN)])
-        logits = torch.empty(b + 1, VOCAB)
+        return self.forward(fn, threads, h, pos, slots, bt, lens, ext, rows)
+
+    def forward(self, fn, threads: int, h, pos, slots, bt, lens, ext, rows) -> float:
+        """One timed ``infer_bf16_forward_layers`` call: rows h [T, hidden] at positions pos,
+        their keys written at slots; per sequence its block table row, length and extend length;
+        logits of the rows ``rows``."""
+        import torch
+
+        logits = torch.empty(rows.shape[0], VOCAB)
         t = time.perf_counter()
-        fn(self.table, LAYERS, h.data_ptr(), b + prefill, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER,
+        fn(self.table, LAYERS, h.data_ptr(), h.shape[0], HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER,
            1e-5, pos.data_ptr(), self.cos_sin.data_ptr(), HEAD_DIM, slots.data_ptr(),
-           bt.data_ptr(), bt.stride(0), lens.data_ptr(), ext.data_ptr(), b + 1, PAGE,
+           bt.data_ptr(), bt.stride(0), lens.data_ptr(), ext.data_ptr(), lens.shape[0], PAGE,
            HEAD_DIM ** -0.5, threads, self.final_norm.data_ptr(), 1e-5, self.lm.data.data_ptr(),
-           VOCAB, rows.data_ptr(), b + 1, logits.data_ptr())
+           VOCAB, rows.data_ptr(), rows.shape[0], logits.data_ptr())
         return time.perf_counter() - t
 
     def prefill_step(self, fn, threads: int, length: int) -> float:
@@ -123,14 +131,7 @@ class Stack:
                               for s in range(b) for i in range(length)], dtype=torch.int64)
         rows = (torch.arange(b) * length + length - 1).long()
         h = torch.randn(b * length, HIDDEN)
-        logits = torch.empty(b, VOCAB)
-        t = time.perf_counter()
-        fn(self.table, LAYERS, h.data_ptr(), b * length, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER,
-           1e-5, pos.data_ptr(), self.cos_sin.data_ptr(), HEAD_DIM, slots.data_ptr(),
-           self.bt.data_ptr(), self.bt.stride(0), lens.data_ptr(), lens.data_ptr(), b, PAGE,
-           HEAD_DIM ** -0.5, threads, self.final_norm.data_ptr(), 1e-5, self.lm.data.data_ptr(),
-           VOCAB, rows.data_ptr(), b, logits.data_ptr())
-        return time.perf_counter() - t
+        return self.forward(fn, threads, h, pos, slots, self.bt, lens, lens, rows)
 
     def step(self, fn, threads: int) -> float:
         h = self.h0.clone()

@@ -322,7 +322,8 @@ static inline __attribute__((always_inline)) void tile(const act_t *x, int64_t x
       }
       continue;
     }
-    /* 5 rows: the even halves' FMAs of every row, then the odd ones' (one pair of weights live) */
+    /* 5 rows (and 6 where the assembly is not built): the even halves' FMAs of every row, then
+     * the odd ones' (one pair of weights live) */
     __m256 w0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(wp), 16));
     __m256 w1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(wp + 1), 16));
     for (int m = 0; m < tm; m++) {
