@@ -182,7 +182,8 @@ def test_tool_call_parser_streaming(client):
     assert json.loads(r.choices[0].message.tool_calls[0].function.arguments) == {"city": "Rome"}
     chunks = list(client.chat.completions.create(stream=True, **kw))
     calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
-    assert [c.function.name for c in calls] == ["get_weather"]
+    # (seen once in CI, not reproduced in 400 runs: the stream's own chunks say what came instead)
+    assert [c.function.name for c in calls] == ["get_weather"], [c.model_dump() for c in chunks]
     assert not "".join(c.choices[0].delta.content or "" for c in chunks)
     assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["tool_calls"]
 
