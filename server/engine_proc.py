@@ -25,6 +25,7 @@ import traceback
 from typing import Any
 
 import zmq
+from infer.core.engine import gc_watch
 from infer.core.plugins import load_target
 from infer.server import ipc
 
@@ -53,6 +54,7 @@ def run_engine_process(server_args: Any, in_addr: str, out_addr: str,
     try:
         extra = {} if dp_rank is None else {"dp_rank": dp_rank}
         core = load_target(core_factory)(server_args, **extra)
+        gc_watch.freeze_startup_heap()
         push.send_pyobj(_ready(core, server_args))
     except BaseException as err:  # noqa: BLE001 - reported to the HTTP process, then re-raised
         push.send_pyobj(ipc.Fatal(f"engine failed to start: {err}\n{traceback.format_exc()}"))

@@ -30,6 +30,7 @@ import httpx
 import uvicorn
 import zmq
 import zmq.asyncio
+from infer.core.engine import gc_watch
 from infer.server import ipc
 from infer.server.app import build_app
 from infer.server.chat import resolve_chat_template
@@ -59,6 +60,9 @@ def launch_server(args: Any, *, core_factory: str = DEFAULT_CORE) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         _check_options(args)
+        threshold = gc_watch.threshold_from_args(args)
+        gc_watch.export_threshold(threshold)  # to the engine processes _serve spawns
+        gc_watch.install_warning(threshold, "HTTP")
         return asyncio.run(_serve(args, core_factory))
     except StartupError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
@@ -260,6 +264,7 @@ async def _announce(server: _Server, args: Any, url: str) -> None:
             server.exit_code = 1
             server.should_exit = True
             return
+    gc_watch.freeze_startup_heap()  # after the warm-up: what serving keeps from here on
     print(f"infer server is ready at {url} (model {server.state.model_name!r})", flush=True)
 
 

@@ -63,6 +63,9 @@ def check_cross_flags(a: Any) -> None:
               "parallelism needs --enable-dp-attention")
     if a.base_gpu_id < 0:
         _fail(f"{n('base_gpu_id')} {a.base_gpu_id}: must be non-negative")
+    gc_secs = a.gc_warning_threshold_secs
+    if gc_secs is not None and not gc_secs >= 0:  # NaN too
+        _fail(f"{n('gc_warning_threshold_secs')} {gc_secs}: must be >= 0 seconds (0 turns it off)")
     if a.gpu_id_step < 1:
         _fail(f"{n('gpu_id_step')} {a.gpu_id_step}: must be at least 1")
     if a.moe_dense_tp_size not in (None, 1):

@@ -31,6 +31,7 @@ from dataclasses import replace
 from typing import Any
 
 from infer.core.config.views import EngineConfig
+from infer.core.engine import gc_watch
 from infer.core.engine.builder import build_engine
 from infer.core.engine.finish import apply_step
 from infer.core.engine.model_runner import LaunchedStep
@@ -47,6 +48,9 @@ class EngineCore:
             from infer.core.config.gate import run_gate
 
             platform = run_gate(server_args).platform
+        threshold = gc_watch.threshold_from_args(server_args)
+        gc_watch.export_threshold(threshold)  # to the tensor-parallel ranks build_engine spawns
+        gc_watch.install_warning(threshold, "engine")
         cfg = EngineConfig.from_server_args(server_args)
         if dp_rank:
             cfg = replace(cfg, parallel=replace(cfg.parallel, dp_rank=dp_rank))

@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 import zmq
 from infer.core.config.views import EngineConfig
+from infer.core.engine import gc_watch
 from infer.core.engine.executor import Executor, pool_pages
 from infer.core.engine.model_runner import LaunchedStep, ModelRunner, StepInputs, StepResult
 from infer.core.engine.scheduler import ScheduleBatch
@@ -119,8 +120,10 @@ class RankProcess:
 def _worker_main(cfg: EngineConfig, platform_name: str, rank: int, host: str, port: int) -> None:
     """Entry of ranks 1..W-1: serve steps from rank 0 until told to stop or rank 0 is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the process group's Ctrl-C is rank 0's to handle
+    gc_watch.install_warning(None, f"rank {rank}")  # the threshold rank 0 exported
     rp = RankProcess(cfg, platform_name, rank, host, port)
     runner = ModelRunner(rp.loaded, cfg, rp.kv_pages(), rp.platform, None)
+    gc_watch.freeze_startup_heap()
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")

@@ -150,6 +150,8 @@ def test_unset_deprecated_flags_do_nothing():
     ({"mem_fraction_static": 1.5}, r"--mem-fraction-static 1.5: must be in \(0, 1\]"),
     ({"prompt_tokens_buckets": ["tse", "1000", "1", "8"]}, "--prompt-tokens-buckets"),
     ({"lora_target_modules": ["all", "q_proj"]}, "'all' must be the only module"),
+    ({"gc_warning_threshold_secs": -0.5}, "--gc-warning-threshold-secs -0.5: must be >= 0"),
+    ({"gc_warning_threshold_secs": float("nan")}, "--gc-warning-threshold-secs nan: must be >= 0"),
 ])
 def test_cross_flag_validation(kwargs, message):
     with pytest.raises(ConfigError, match=message):

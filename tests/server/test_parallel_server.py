@@ -83,13 +83,18 @@ def test_dp2_shortest_queue_spelling_and_a_dead_replica(start_server):
 
 
 def test_tp2_server_answers_as_one_rank(start_server, single):
+    """Also --gc-warning-threshold-secs, tiny: every process (HTTP, engine = rank 0, rank 1)
+    logs its collections."""
     want = httpx.post(f"{single.url}/generate", json=PROMPT, timeout=120).json()["text"]
-    s = start_server("--tp-size", "2")
+    s = start_server("--tp-size", "2", "--gc-warning-threshold-secs", "1e-9")
     try:
         got = httpx.post(f"{s.url}/generate", json=PROMPT, timeout=120).json()["text"]
         assert got == want
     finally:
         assert s.stop() == 0
+    log = s.output()
+    for who in ("HTTP", "engine", "rank 1"):
+        assert f"long garbage collection in the {who} process: generation" in log, who
 
 
 def test_two_nodes_on_one_host(start_server, single, tiny_dir, tmp_path):

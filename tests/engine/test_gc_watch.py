@@ -1,0 +1,69 @@
+"""``--gc-warning-threshold-secs`` and the start-up heap freeze (``infer.core.engine.gc_watch``)."""
+
+from __future__ import annotations
+
+import gc
+import logging
+
+import pytest
+from infer.core.engine import gc_watch
+
+
+@pytest.fixture(autouse=True)
+def _restore(monkeypatch):
+    monkeypatch.delenv(gc_watch.ENV, raising=False)
+    yield
+    gc_watch.uninstall_warning()
+    gc.unfreeze()
+
+
+def _long_collection_records(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if "long garbage collection" in r.getMessage()]
+
+
+def test_a_collection_over_the_threshold_is_logged_with_its_generation(caplog):
+    assert gc_watch.install_warning(1e-9, "engine")
+    with caplog.at_level(logging.WARNING, logger="infer.gc"):
+        gc.collect()  # a full collection: generation 2
+    records = _long_collection_records(caplog)
+    assert records and "engine process: generation 2 took" in records[-1].getMessage()
+
+
+def test_a_collection_under_the_threshold_is_not_logged(caplog):
+    assert gc_watch.install_warning(3600.0, "engine")
+    with caplog.at_level(logging.WARNING, logger="infer.gc"):
+        gc.collect()
+    assert not _long_collection_records(caplog)
+
+
+def test_zero_turns_it_off_and_uninstall_removes_the_callback(caplog):
+    before = len(gc.callbacks)
+    assert not gc_watch.install_warning(0.0, "engine")
+    assert len(gc.callbacks) == before
+    assert gc_watch.install_warning(1e-9, "engine")
+    assert gc_watch.install_warning(1e-9, "engine")  # again: replaces, does not add a second
+    assert len(gc.callbacks) == before + 1
+    gc_watch.uninstall_warning()
+    assert len(gc.callbacks) == before
+    with caplog.at_level(logging.WARNING, logger="infer.gc"):
+        gc.collect()
+    assert not _long_collection_records(caplog)
+
+
+def test_the_threshold_reaches_spawned_processes_through_the_environment(caplog):
+    gc_watch.export_threshold(1e-9)
+    assert gc_watch.install_warning(None, "rank 1")  # what a spawned rank does
+    with caplog.at_level(logging.WARNING, logger="infer.gc"):
+        gc.collect()
+    assert "rank 1 process" in _long_collection_records(caplog)[-1].getMessage()
+    gc_watch.export_threshold(0.0)
+    assert not gc_watch.install_warning(None, "rank 1")
+
+
+def test_freeze_moves_the_live_heap_out_of_the_collectors_sight():
+    gc.unfreeze()
+    kept = [[i] for i in range(1000)]  # alive: frozen with the rest
+    frozen = gc_watch.freeze_startup_heap()
+    assert frozen == gc.get_freeze_count() and frozen > len(kept)
+    tracked = {id(o) for generation in (0, 1, 2) for o in gc.get_objects(generation)}
+    assert not any(id(x) in tracked for x in kept)  # in the permanent generation now
