@@ -60,9 +60,7 @@ def launch_server(args: Any, *, core_factory: str = DEFAULT_CORE) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         _check_options(args)
-        threshold = gc_watch.threshold_from_args(args)
-        gc_watch.export_threshold(threshold)  # to the engine processes _serve spawns
-        gc_watch.install_warning(threshold, "HTTP")
+        gc_watch.install_warning(float(getattr(args, "gc_warning_threshold_secs", 0) or 0), "HTTP")
         return asyncio.run(_serve(args, core_factory))
     except StartupError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)

@@ -250,6 +250,7 @@ class EngineConfig:
     random_seed: int | None = None
     grammar_backend: str = "xgrammar"
     deterministic: bool = False
+    gc_warning_threshold_secs: float = 0.0  # 0: off (engine and ranks; gc_watch)
 
     @classmethod
     def from_server_args(cls, args: Any) -> EngineConfig:
@@ -263,4 +264,5 @@ class EngineConfig:
                    sampling_defaults=_or(args.sampling_defaults, "model"),
                    random_seed=args.random_seed,
                    grammar_backend=_or(args.grammar_backend, "xgrammar"),
-                   deterministic=bool(args.enable_deterministic_inference))
+                   deterministic=bool(args.enable_deterministic_inference),
+                   gc_warning_threshold_secs=float(args.gc_warning_threshold_secs or 0.0))

@@ -48,10 +48,8 @@ class EngineCore:
             from infer.core.config.gate import run_gate
 
             platform = run_gate(server_args).platform
-        threshold = gc_watch.threshold_from_args(server_args)
-        gc_watch.export_threshold(threshold)  # to the tensor-parallel ranks build_engine spawns
-        gc_watch.install_warning(threshold, "engine")
         cfg = EngineConfig.from_server_args(server_args)
+        gc_watch.install_warning(cfg.gc_warning_threshold_secs, "engine")
         if dp_rank:
             cfg = replace(cfg, parallel=replace(cfg.parallel, dp_rank=dp_rank))
         parts = build_engine(cfg, platform, loaded)

@@ -9,11 +9,9 @@ MultiprocExecutor's. Ray is an optional extra: ``pip install 'infer-core[ray]'``
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from infer.core.config.views import EngineConfig
-from infer.core.engine import gc_watch
 from infer.core.engine.multiproc import MultiprocExecutor, _worker_main
 
 log = logging.getLogger(__name__)
@@ -22,10 +20,7 @@ log = logging.getLogger(__name__)
 class _RankActor:
     """One rank, as a Ray actor: ``run`` serves steps until rank 0 says stop (or is gone)."""
 
-    def run(self, cfg: EngineConfig, platform_name: str, rank: int, host: str, port: int,
-            gc_threshold: str | None = None) -> int:
-        if gc_threshold:  # an actor does not inherit rank 0's environment
-            os.environ[gc_watch.ENV] = gc_threshold
+    def run(self, cfg: EngineConfig, platform_name: str, rank: int, host: str, port: int) -> int:
         _worker_main(cfg, platform_name, rank, host, port)
         return 0
 
@@ -84,6 +79,5 @@ class RayExecutor(MultiprocExecutor):
                 resources={k: v for k, v in resources.items() if k not in ("CPU", "GPU")},
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self._pg, placement_group_bundle_index=i)).remote()
-            run = actor.run.remote(cfg, platform.name, i + 1, host, port, os.environ.get(gc_watch.ENV))
-            ranks.append(_ActorRank(ray, actor, run))
+            ranks.append(_ActorRank(ray, actor, actor.run.remote(cfg, platform.name, i + 1, host, port)))
         return ranks

@@ -10,8 +10,7 @@ from infer.core.engine import gc_watch
 
 
 @pytest.fixture(autouse=True)
-def _restore(monkeypatch):
-    monkeypatch.delenv(gc_watch.ENV, raising=False)
+def _restore():
     yield
     gc_watch.uninstall_warning()
     gc.unfreeze()
@@ -50,14 +49,15 @@ def test_zero_turns_it_off_and_uninstall_removes_the_callback(caplog):
     assert not _long_collection_records(caplog)
 
 
-def test_the_threshold_reaches_spawned_processes_through_the_environment(caplog):
-    gc_watch.export_threshold(1e-9)
-    assert gc_watch.install_warning(None, "rank 1")  # what a spawned rank does
-    with caplog.at_level(logging.WARNING, logger="infer.gc"):
-        gc.collect()
-    assert "rank 1 process" in _long_collection_records(caplog)[-1].getMessage()
-    gc_watch.export_threshold(0.0)
-    assert not gc_watch.install_warning(None, "rank 1")
+def test_the_flag_reaches_the_engine_and_rank_view():
+    """The engine (EngineCore) and every rank (``multiproc._worker_main``, Ray actors included)
+    install the watcher from EngineConfig, which the ranks receive whole."""
+    from infer.core.config import ServerArgs
+    from infer.core.config.views import EngineConfig
+
+    cfg = EngineConfig.from_server_args(ServerArgs(model_path="m", gc_warning_threshold_secs=0.25))
+    assert cfg.gc_warning_threshold_secs == 0.25
+    assert EngineConfig.from_server_args(ServerArgs(model_path="m")).gc_warning_threshold_secs == 0
 
 
 def test_freeze_moves_the_live_heap_out_of_the_collectors_sight():
