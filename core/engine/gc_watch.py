@@ -31,7 +31,7 @@ def install_warning(threshold: float, who: str = "process") -> bool:
     """Log collections longer than ``threshold`` seconds (0: off) in this process, naming it
     ``who``; at most one watcher per process. Returns whether one is installed."""
     uninstall_warning()
-    if not threshold or threshold <= 0:
+    if threshold <= 0:
         return False
     started: list[float] = []
 

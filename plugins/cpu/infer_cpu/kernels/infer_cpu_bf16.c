@@ -453,6 +453,44 @@ static void gemm_blocks(const act_t *act, int64_t xs, int M, int K2, const bf16 
   gemm_blocks_ps(act, xs, M, K2, P, (int64_t)K2 * 32, bias, N, b0, b1, y, ys, y_bf16);
 }
 
+static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+/* When the last of nt equally fast threads finishes units of per blocks (the last unit the
+ * rest of NB), each thread taking the next unit as it frees up, in blocks' time. */
+static int units_makespan(int NB, int per, int nt) {
+  int free_at[POOL_MAX] = {0}, end = 0;
+  for (int b = 0; b < NB; b += per) {
+    int t = 0;
+    for (int i = 1; i < nt; i++) t = free_at[i] < free_at[t] ? i : t;
+    free_at[t] += NB - b < per ? NB - b : per;
+    end = free_at[t] > end ? free_at[t] : end;
+  }
+  return end;
+}
+
+/* Column blocks per unit for NB blocks on nt threads, whole tiles: of the unit sizes that give
+ * each thread 2 to 8 units, the one whose units end soonest, split evenly (36 blocks on 2
+ * threads as 6 units of 6, not 8 of 5 where one thread does 20 and the other 16); on ties the
+ * one nearest 4 units a thread (a helper kept off its core then costs the caller less). */
+static int unit_blocks(int NB, int nt) {
+  nt = nt < POOL_MAX ? nt : POOL_MAX; /* as pool_run runs it (and units_makespan's array) */
+  int best = ceil_div(ceil_div(NB, 4 * nt), TILE_TB) * TILE_TB;
+  int best_t = units_makespan(NB, best, nt);
+  double best_d = fabs(log((double)ceil_div(NB, best) / (4.0 * nt)));
+  for (int per = TILE_TB; per <= NB; per += TILE_TB) {
+    int units = ceil_div(NB, per);
+    if (units > 8 * nt || units < 2 * nt) continue;
+    int t = units_makespan(NB, per, nt);
+    double d = fabs(log((double)units / (4.0 * nt)));
+    if (t < best_t || (t == best_t && d < best_d)) {
+      best = per;
+      best_t = t;
+      best_d = d;
+    }
+  }
+  return best;
+}
+
 typedef struct {
   const void *x;
   int x_bf16;
@@ -484,12 +522,10 @@ static void gemm_unit(void *p, int u, int w) {
 
 /* y [M, N] = x [M, K] . W^T (+ bias), W pair-packed. x float32 or bf16 (x_bf16), row stride
  * x_stride; y float32 or bf16 (y_bf16), row stride y_stride; bias float32 [N] or NULL. Units of
- * the pool: groups of column blocks (about four per thread, whole register tiles). */
+ * the pool: groups of column blocks (unit_blocks: split evenly, about four per thread). */
 void infer_bf16_gemm(const void *x, int x_bf16, int64_t x_stride, int M, int K, const bf16 *P,
                      const float *bias, int N, void *y, int y_bf16, int64_t y_stride) {
-  int K2 = (K + 1) / 2, NB = (N + CB - 1) / CB, nt = g_threads;
-  int per = (NB + 4 * nt - 1) / (4 * nt);
-  per = (per + TILE_TB - 1) / TILE_TB * TILE_TB;
+  int K2 = (K + 1) / 2, NB = (N + CB - 1) / CB, nt = g_threads, per = unit_blocks(NB, nt);
   gemm_job g = {x, x_bf16, x_stride, M, K, K2, N, NB, per,
                 (act_t *)malloc(sizeof(act_t) * (size_t)M * 2 * K2), P, bias, y, y_bf16, y_stride};
   pool_run(gemm_act_unit, &g, (M + 63) / 64, (int64_t)M * K >= 65536 ? nt : 1);
@@ -1391,8 +1427,6 @@ static void norm_rows_unit(void *p, int u, int worker) {
                 j->xn + m * j->as);
 }
 
-static int ceil_div(int a, int b) { return (a + b - 1) / b; }
-
 /* xn[m] = the normed rows of h with the layer norm weight w (eps st->eps): by the caller for a
  * few rows, a pool job from 16 (a 32-row decode step spent 2 % of its time here, the helper
  * waiting). */
@@ -1443,40 +1477,6 @@ static void run_layer(dec_job *j, int nt, pf_job *pf) {
   norm_rows(j, j->L->post_norm, nt);
   pool_run(dec_mlp_unit, j, j->split_inter ? ceil_div(ib, j->per_i) : 1, nt);
   pool_run(dec_down_unit, j, ceil_div(hb, j->per_h), nt);
-}
-
-/* When the last of nt equally fast threads finishes units of per blocks (the last unit the
- * rest of NB), each thread taking the next unit as it frees up, in blocks' time. */
-static int units_makespan(int NB, int per, int nt) {
-  int free_at[POOL_MAX] = {0}, end = 0;
-  for (int b = 0; b < NB; b += per) {
-    int t = 0;
-    for (int i = 1; i < nt; i++) t = free_at[i] < free_at[t] ? i : t;
-    free_at[t] += NB - b < per ? NB - b : per;
-    end = free_at[t] > end ? free_at[t] : end;
-  }
-  return end;
-}
-
-/* Column blocks per unit for NB blocks on nt threads, whole tiles: of the unit sizes that give
- * each thread 2 to 8 units, the one whose units end soonest, split evenly (36 blocks on 2
- * threads as 6 units of 6, not 8 of 5 where one thread does 20 and the other 16); on ties the
- * one nearest 4 units a thread (a helper kept off its core then costs the caller less). */
-static int unit_blocks(int NB, int nt) {
-  int best = ceil_div(ceil_div(NB, 4 * nt), TILE_TB) * TILE_TB;
-  int best_t = units_makespan(NB, best, nt);
-  double best_d = fabs(log((double)ceil_div(NB, best) / (4.0 * nt)));
-  for (int per = TILE_TB; per <= NB; per += TILE_TB) {
-    int units = ceil_div(NB, per), t = units_makespan(NB, per, nt);
-    double d = fabs(log((double)units / (4.0 * nt)));
-    if (units > 8 * nt || units < 2 * nt) continue;
-    if (t < best_t || (t == best_t && d < best_d)) {
-      best = per;
-      best_t = t;
-      best_d = d;
-    }
-  }
-  return best;
 }
 
 /* Every layer of a Llama-family stack over T rows: h [T, hidden] float32 (the embeddings in,
