@@ -10,7 +10,7 @@ scattered. LM head: 49152 x 576 Q8_0 rows against M float32 activation rows.
 
     python benchmarks/cpu_attn_micro.py --compare HEAD
     python benchmarks/cpu_attn_micro.py --compare /tmp/old.c -b 32 --page 1 16 --no-lm-head
-    python benchmarks/cpu_attn_micro.py --kv float32 bf16 -b 32 --page 16 --no-lm-head
+    python benchmarks/cpu_attn_micro.py --kv float32 fp16 bf16 -b 32 --page 16 --no-lm-head
 """
 
 from __future__ import annotations
@@ -44,14 +44,18 @@ def block_tables(b: int, seq_len: int, page: int) -> tuple[torch.Tensor, int]:
     return perm.view(b, per).to(torch.int32).contiguous(), b * per
 
 
-def attention_fn(lib: ctypes.CDLL, b: int, seq_len: int, page: int, kv16: bool = False,
+KV_DTYPES = {"float32": (torch.float32, 0), "bf16": (torch.bfloat16, 1), "fp16": (torch.float16, 2)}
+
+
+def attention_fn(lib: ctypes.CDLL, b: int, seq_len: int, page: int, kv: str = "float32",
                  hot: bool = False):
-    """One call per layer over 30 layers' caches (one decode step's attention); ``kv16``: bf16
-    caches (``--kv-cache-dtype bf16``; libraries from before it take float32 caches only);
+    """One call per layer over 30 layers' caches (one decode step's attention); ``kv``: the
+    cache dtype (bf16: ``--kv-cache-dtype bf16``, fp16: a GGUF file's default; libraries from
+    before them take float32 caches only);
     ``hot``: every call reads the first layer's cache (what the arithmetic costs with the keys and
     values in the caches, no memory traffic)."""
     tables, pages = block_tables(b, seq_len, page)
-    dt = torch.bfloat16 if kv16 else torch.float32
+    dt, code = KV_DTYPES[kv]
     caches = [(torch.randn(pages, page, HKV, D).to(dt), torch.randn(pages, page, HKV, D).to(dt))
               for _ in range(1 if hot else LAYERS)] * (LAYERS if hot else 1)
     qkv = torch.randn(b, (H + 2 * HKV) * D)
@@ -67,7 +71,7 @@ def attention_fn(lib: ctypes.CDLL, b: int, seq_len: int, page: int, kv16: bool =
             lib.infer_paged_decode(q, w, k, w, v, w, kc.data_ptr(), vc.data_ptr(),
                                    slots.data_ptr(), tables.data_ptr(), tables.stride(0),
                                    lens.data_ptr(), out.data_ptr(), b, H, HKV, D, page,
-                                   D ** -0.5, int(kv16))
+                                   D ** -0.5, code)
     return step, (caches, tables, qkv, slots, lens, out)
 
 
@@ -107,8 +111,8 @@ def main() -> None:
     ap.add_argument("--page", type=int, nargs="+", default=[1, 16])
     ap.add_argument("-m", "--rows", type=int, nargs="+", default=[1, 32],
                     help="LM-head activation rows")
-    ap.add_argument("--kv", nargs="+", default=["float32"], choices=["float32", "bf16"],
-                    help="cache dtypes (bf16: the working tree's kernels only)")
+    ap.add_argument("--kv", nargs="+", default=["float32"], choices=list(KV_DTYPES),
+                    help="cache dtypes (bf16, fp16: the working tree's kernels only)")
     ap.add_argument("--no-attention", action="store_true")
     ap.add_argument("--hot", action="store_true",
                     help="attention: all 30 calls read one layer's cache (in the CPU caches)")
@@ -127,10 +131,10 @@ def main() -> None:
                         fns, keep = {}, []
                         for kv in args.kv:
                             for name, lib in libs.items():
-                                if kv == "bf16" and name != "tree":
-                                    continue
-                                key = name if kv == "float32" else f"{name}-bf16"
-                                fns[key], k = attention_fn(lib, b, s, page, kv == "bf16", args.hot)
+                                if kv != "float32" and name != "tree":
+                                    continue  # an older library may read any 16-bit code as bf16
+                                key = name if kv == "float32" else f"{name}-{kv}"
+                                fns[key], k = attention_fn(lib, b, s, page, kv, args.hot)
                                 keep.append(k)
                         compare(f"attention x{LAYERS} B={b:2d} L={s:4d} page={page:2d}", fns,
                                 args.rounds, args.budget)

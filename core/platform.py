@@ -109,6 +109,14 @@ class Platform:
         blocks until the copy landed, or is None when the copy is already done."""
         return t.cpu(), None
 
+    def gguf_kv_dtype(self, model_dtype: Any) -> Any:
+        """The KV cache dtype of a GGUF file served under ``--dtype auto`` and ``--kv-cache-dtype
+        auto`` ("the model's dtype"; a GGUF file has none of its own). The model runs
+        ``model_dtype`` (float32: its dequantised weights); a platform whose attention reads a
+        16-bit cache as exactly may store one (SGLang and vLLM serve a GGUF file's cache, like its
+        activations, in float16 under auto)."""
+        return model_dtype
+
     def default_adjustments(self, args: Any) -> list[SettingAdjustment]:
         """Defaults for settings the user left unset; each returned change is applied and logged."""
         return []

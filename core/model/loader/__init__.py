@@ -8,6 +8,7 @@ second full copy of the model exists at any time. A tqdm bar shows progress.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,8 @@ from infer.core.model.registry import UnknownArchitectureError, resolve_model_cl
 from infer.core.ops.attention import AttentionConfig
 from infer.core.plugins import Registries
 from torch import nn
+
+log = logging.getLogger(__name__)
 
 MODEL_IMPLS = ("auto", "infer", "sglang", "transformers")
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
@@ -136,8 +139,16 @@ def load_model(model_path: str, *, platform: Any = None, host: Any = None, dtype
     model_cls = resolve_model_class(host.registries.models, architecture)
     torch_dtype = resolve_dtype(dtype, config, is_gguf=is_gguf)
     length = context_length_for(config, context_length)
+    kv_dtype = resolve_kv_dtype(kv_cache_dtype, torch_dtype)
+    if is_gguf and kv_cache_dtype == "auto" and dtype == "auto" and not dtype_explicit:
+        kv_dtype = platform.gguf_kv_dtype(torch_dtype)
+        if kv_dtype != torch_dtype:
+            name = str(torch_dtype).removeprefix("torch.")
+            log.info("KV cache %s: platform %s's cache for a GGUF file under --dtype auto (its "
+                     "activations stay %s; --dtype %s --quantization gguf keeps a %s cache)",
+                     str(kv_dtype).removeprefix("torch."), platform.name, name, name, name)
     arch = ModelArch.from_hf_config(config, dtype=torch_dtype, context_length=length,
-                                    kv_dtype=resolve_kv_dtype(kv_cache_dtype, torch_dtype))
+                                    kv_dtype=kv_dtype)
     arch = ModelArch(**{**arch.__dict__, "architecture": architecture})
     check_model_split(config, tp_size, ep_size)  # ConfigError before any weight is read
 

@@ -4,8 +4,8 @@ A CUDA graph removes the launch cost of a decode step's many small kernels; on t
 cost is Python's: one decode step of a 30-layer model makes about 300 op calls from Python, each
 a few microseconds of interpreter and ctypes work around a kernel that often takes less. This
 runner "captures" the decoder stack once: it checks that every layer runs the plugin's native
-kernels (GGUF-block linear layers, native RMSNorm / rotary / paged attention, a float32 KV cache
-or a bf16 one, ``--kv-cache-dtype bf16``)
+kernels (GGUF-block linear layers, native RMSNorm / rotary / paged attention, a float32, fp16 (a GGUF
+file's default on the CPU) or bf16 (``--kv-cache-dtype bf16``) KV cache)
 and records each layer's weight and cache pointers in a C array. A decode step is then one
 native call for all layers (``infer_decode_layers``, the same kernels the per-op path calls, so
 both paths give identical numbers), plus the embedding lookup, final norm and LM head in torch.
@@ -24,7 +24,7 @@ head's all-gather happen in torch before and after the call, as on the per-op pa
 peer died gets an error from the call (``RuntimeError``), never a hang.
 
 A model it cannot run (another architecture or layer type, dense weights, a non-native
-attention backend, a float16 or fp8 KV cache, pipeline parallelism) is left to the per-op path, and
+attention backend, an fp8 KV cache, pipeline parallelism) is left to the per-op path, and
 ``reason`` says why. A bf16 model (bf16 weights and cache) runs the bf16 stack of
 ``infer_cpu.graph_bf16`` instead (bf16 weights on the native bf16 GEMM; one rank only), which
 also takes prefill / extend batches: every step of a bf16 model is one native call
@@ -100,9 +100,9 @@ class NativeDecodeGraph(GraphRunner):
                                    "one rank)")
             self._bf16 = BF16DecodeStack(mr)
             return
-        if kv_dtype not in (torch.float32, torch.bfloat16):
+        if kv_dtype not in kernels.KV_CODES:
             raise _Unsupported(f"KV cache dtype {kv_dtype}")
-        self.kv16 = int(kv_dtype == torch.bfloat16)  # a float32 model's bf16 cache
+        self.kv16 = kernels.KV_CODES[kv_dtype]  # a float32 model's float32, bf16 or fp16 cache
         layers = list(getattr(getattr(model, "model", None), "layers", []))
         if not layers:
             raise _Unsupported("no decoder layers found")

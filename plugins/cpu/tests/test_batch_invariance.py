@@ -62,16 +62,17 @@ def _meta(steps: list[tuple[int, int, list[int]]], page: int):
         max_seq_len=max(seq), max_extend_len=max(ext))
 
 
-def test_attention_rows_do_not_depend_on_the_split():
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_attention_rows_do_not_depend_on_the_split(kv_dtype):
     """One 40-token sequence's query rows as one prefill, as a prefill of 25 then an extend of 15
     (beside another sequence), and as a prefill of 30 then ten decode steps (beside another
-    decode row): the same bits for every row."""
+    decode row): the same bits for every row, over each cache dtype a float32 model keeps."""
     from infer.core.ops.attention import AttentionConfig
     from infer_cpu.ops.attention import TorchNativeAttention
 
     h, hkv, d, page, n = 6, 2, 64, 4, 40
     cfg = AttentionConfig(num_heads=h, num_kv_heads=hkv, head_dim=d, scale=d ** -0.5,
-                          page_size=page, dtype=torch.float32, kv_dtype=torch.float32,
+                          page_size=page, dtype=torch.float32, kv_dtype=kv_dtype,
                           device=torch.device("cpu"), num_layers=1)
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(n, x, d, generator=g) for x in (h, hkv, hkv))
@@ -80,7 +81,7 @@ def test_attention_rows_do_not_depend_on_the_split():
 
     def run(splits: list[tuple[int, int]]) -> torch.Tensor:
         attn = TorchNativeAttention(cfg)
-        kc, vc = torch.zeros(16, page, hkv, d), torch.zeros(16, page, hkv, d)
+        kc, vc = (torch.zeros(16, page, hkv, d, dtype=kv_dtype) for _ in range(2))
         outs, o_pos = [], 0
         for pre, ext in splits:  # the other sequence adds one token per step beside ours
             meta = _meta([(pre, ext, mine), (o_pos, 1, theirs)], page)
@@ -89,6 +90,7 @@ def test_attention_rows_do_not_depend_on_the_split():
             out = attn.forward(torch.cat([q[sl], other_q[o_pos:o_pos + 1]]),
                                torch.cat([k[sl], other_k[o_pos:o_pos + 1]]),
                                torch.cat([v[sl], other_v[o_pos:o_pos + 1]]), kc, vc, 0)
+            assert attn._native  # the native kernel ran (not the reference)
             outs.append(out[:ext])
             o_pos += 1
         return torch.cat(outs)

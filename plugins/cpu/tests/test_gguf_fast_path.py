@@ -89,3 +89,28 @@ def test_activation_precision_setting(monkeypatch):
     monkeypatch.setenv("INFER_CPU_ACTIVATIONS", "int4")
     with pytest.raises(ValueError, match="INFER_CPU_ACTIVATIONS='int4'"):
         load_model(path, progress=False, skip_tokenizer_init=True)
+
+
+def test_gguf_file_under_auto_keeps_an_fp16_cache(monkeypatch):
+    """A GGUF file under --dtype auto and --kv-cache-dtype auto: float32 activations over an fp16
+    cache where the native attention reads it; --kv-cache-dtype bf16 is still bf16; an explicit
+    --dtype float32 (with the GGUF blocks) keeps a float32 cache, as does the torch fallback
+    (native kernels off)."""
+    import torch
+    from infer.core.model.loader import load_model
+    from infer.core.model.loader.default_model import ensure_default_model
+    from infer_cpu import kernels
+
+    if kernels.load() is None:
+        pytest.skip(f"native kernels unavailable: {kernels.status().detail}")
+    path = str(ensure_default_model(quiet=True))
+
+    def arch(**kw):
+        loaded = load_model(path, progress=False, skip_tokenizer_init=True, **kw)
+        return loaded.arch.dtype, loaded.arch.kv_dtype, loaded.ctx.quantization
+
+    assert arch() == (torch.float32, torch.float16, "gguf")
+    assert arch(kv_cache_dtype="bf16") == (torch.float32, torch.bfloat16, "gguf")
+    assert arch(dtype="float32", quantization="gguf") == (torch.float32, torch.float32, "gguf")
+    monkeypatch.setattr(kernels, "_state", {"lib": None, "detail": "off for this test"})
+    assert arch() == (torch.float32, torch.float32, "gguf")

@@ -12,10 +12,13 @@ pytestmark = pytest.mark.skipif(kernels.load() is None,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "bf16"])
-def test_graph_matches_per_op_path_on_the_default_model(greedy, kv_cache_dtype, monkeypatch):
-    """With the float32 cache (auto) and a bf16 one (the graph's attention then reads bf16); the
-    per-op path also without the projections' packed tiles (``INFER_CPU_PACKED_TILES=0``: the
+@pytest.mark.parametrize(("flags", "kv16"), [
+    ({}, 2),  # auto: the fp16 cache the CPU gives a GGUF file
+    ({"kv_cache_dtype": "bf16"}, 1),
+    ({"dtype": "float32", "quantization": "gguf"}, 0)])  # the float32 cache
+def test_graph_matches_per_op_path_on_the_default_model(greedy, flags, kv16, monkeypatch):
+    """With the fp16 cache (auto), a bf16 one and a float32 one (the graph's attention reads each
+    as stored); the per-op path also without the projections' packed tiles (``INFER_CPU_PACKED_TILES=0``: the
     GEMM repacks the blocks on every call), which must not change an answer either."""
     from infer.core.config import ServerArgs
     from infer.core.engine.engine_core import EngineCore
@@ -27,11 +30,10 @@ def test_graph_matches_per_op_path_on_the_default_model(greedy, kv_cache_dtype, 
     prompts = [list(range(200, 240)), list(range(300, 307)), list(range(500, 519)),
                list(range(700, 712)), list(range(900, 933))]
     counts = [16, 16, 16, 9, 5]
-    graph = EngineCore(ServerArgs(model_path=path, page_size=4, kv_cache_dtype=kv_cache_dtype,
-                                  chunked_prefill_size=32))
+    graph = EngineCore(ServerArgs(model_path=path, page_size=4, chunked_prefill_size=32, **flags))
     runner = graph.runner.graph_runner
     assert runner is not None and runner.ok, getattr(runner, "reason", None)
-    assert runner.kv16 == (kv_cache_dtype == "bf16")
+    assert runner.kv16 == kv16
     qkv = runner._keep[1][0].qweight  # layer 0's qkv projection
     packs = kernels._lib().infer_tiles_bytes(qkv.kind, qkv.out_features, qkv.in_features) > 0
     assert (qkv.tiles is not None) == packs and bool(runner.table[0].tqkv) == packs
@@ -62,14 +64,14 @@ def test_graph_matches_per_op_path_on_the_default_model(greedy, kv_cache_dtype, 
     assert kinds["prefill"] >= 1 and kinds["mixed"] >= 1  # prefill and mixed steps, natively
     del graph
     eager = EngineCore(ServerArgs(model_path=path, page_size=4, disable_cuda_graph=True,
-                                  kv_cache_dtype=kv_cache_dtype, chunked_prefill_size=32))
+                                  chunked_prefill_size=32, **flags))
     assert eager.runner.graph_runner is None
     assert greedy(eager, prompts, counts) == got
     assert _staggered(eager) == staggered
     del eager
     monkeypatch.setenv("INFER_CPU_PACKED_TILES", "0")
     repacked = EngineCore(ServerArgs(model_path=path, page_size=4, disable_cuda_graph=True,
-                                     kv_cache_dtype=kv_cache_dtype, chunked_prefill_size=32))
+                                     chunked_prefill_size=32, **flags))
     assert repacked.runner.model.model.layers[0].self_attn.qkv_proj.qweight.tiles is None
     assert greedy(repacked, prompts, counts) == got
 

@@ -301,48 +301,63 @@ def test_paged_decode_row_bits_do_not_depend_on_batch_or_threads(h, hkv, d, page
             assert torch.equal(alone[0], batch[1][i]), (i, t)
 
 
-def _bf16_case(seq_lens: list[int], h: int, hkv: int, d: int, page: int, seed: int = 0):
-    """_paged_case with bf16 caches, and new keys whose first values sit on and next to the
-    rounding ties of bf16 (lower 16 bits 0x8000 with an even and an odd upper half, and either
-    side of a tie): truncation or ties-away would write other bits than torch's conversion."""
+# float32 bits on and beside the rounding ties of each 16-bit cache type: a tie with an even and
+# with an odd upper part, just above and just below a tie, a negative tie; fp16 also subnormal
+# ties (24.5 and 25.5 x 2^-24) and a value that rounds down to its largest finite number. Truncation, ties-away or a flush
+# of subnormals would write other bits than torch's conversion.
+KV16_TIES = {
+    torch.bfloat16: [0x3F808000, 0x3F818000, 0x3F80FFFF, 0x3F807FFF, -0x40818000],
+    torch.float16: [0x3F801000, 0x3F803000, 0x3F801001, 0x3F800FFF, -0x40803000,
+                    0x35C40000, 0x35CC0000, 0x477FEFFF],
+}
+KV_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def _kv16_case(seq_lens: list[int], h: int, hkv: int, d: int, page: int, seed: int = 0,
+               dtype: torch.dtype = torch.bfloat16):
+    """_paged_case with 16-bit caches of ``dtype``, and new keys / values whose first (last)
+    values are KV16_TIES."""
     q, k, v, kc, vc, slots, tables = _paged_case(seq_lens, h, hkv, d, page, seed=seed)
-    ties = torch.tensor([0x3F808000, 0x3F818000, 0x3F80FFFF, 0x3F807FFF, -0x40818000],
-                        dtype=torch.int32).view(torch.float32)
-    k[0, 0, :5] = ties
-    v[-1, -1, -5:] = -ties
-    return q, k, v, kc.bfloat16(), vc.bfloat16(), slots, tables
+    ties = torch.tensor(KV16_TIES[dtype], dtype=torch.int32).view(torch.float32)
+    k[0, 0, :len(ties)] = ties
+    v[-1, -1, -len(ties):] = -ties
+    return q, k, v, kc.to(dtype), vc.to(dtype), slots, tables
 
 
-def _check_bf16_writes(k, v, kc, vc, slots):
-    """The new rows are torch's float -> bfloat16 conversion of k / v, bit for bit."""
+def _check_kv16_writes(k, v, kc, vc, slots):
+    """The new rows are torch's float -> bfloat16 / float16 conversion of k / v, bit for bit."""
     hkv, d = kc.shape[2], kc.shape[3]
     for new, cache in ((k, kc), (v, vc)):
         got = cache.view(-1, hkv, d)[slots].view(torch.int16)
-        assert torch.equal(got, new.to(torch.bfloat16).view(torch.int16))
+        assert torch.equal(got, new.to(cache.dtype).view(torch.int16))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("h", "hkv", "d"), [(9, 3, 64), (8, 2, 32), (10, 2, 64), (6, 2, 16)])
 @pytest.mark.parametrize("page", [1, 16])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_paged_decode_over_a_bf16_cache(h, hkv, d, page, threads):
-    """A float32 model's bf16 cache (--kv-cache-dtype bf16): the new keys and values rounded to
-    nearest even as written, the attention over the cache's values exactly as stored (head dim
-    16: the portable path inside the AVX2 build)."""
+def test_paged_decode_over_a_16_bit_cache(h, hkv, d, page, threads, dtype):
+    """A float32 model's bf16 cache (--kv-cache-dtype bf16) or fp16 one (a GGUF file's default):
+    the new keys and values rounded to nearest even as written, the attention over the cache's
+    values exactly as stored (head dim 16: the portable path inside the AVX2 build)."""
     seq_lens = [192, 1, 3, 66, 257]
-    q, k, v, kc, vc, slots, tables = _bf16_case(seq_lens, h, hkv, d, page, seed=page + d)
+    q, k, v, kc, vc, slots, tables = _kv16_case(seq_lens, h, hkv, d, page, seed=page + d,
+                                                dtype=dtype)
     out = _paged_decode(q, k, v, kc, vc, slots, tables, seq_lens, page, threads)
-    _check_bf16_writes(k, v, kc, vc, slots)
-    want = _paged_reference(q, k.to(torch.bfloat16).float(), kc.float(), vc.float(), slots,
+    _check_kv16_writes(k, v, kc, vc, slots)
+    want = _paged_reference(q, k.to(dtype).float(), kc.float(), vc.float(), slots,
                             tables, seq_lens, page)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize("kv16", [0, 1])
-def test_paged_decode_portable_c_against_sdpa(portable_lib, kv16):
-    """The portable C path over a float32 cache and over a bf16 one."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_paged_decode_portable_c_against_sdpa(portable_lib, dtype):
+    """The portable C path over a float32 cache and over bf16 and fp16 ones."""
     seq_lens = [9, 1, 40]
-    q, k, v, kc, vc, slots, tables = (_bf16_case if kv16 else _paged_case)(seq_lens, 9, 3, 64, 4,
-                                                                            seed=3)
+    kv16 = KV_CODE[dtype]
+    q, k, v, kc, vc, slots, tables = (
+        _kv16_case(seq_lens, 9, 3, 64, 4, seed=3, dtype=dtype) if kv16
+        else _paged_case(seq_lens, 9, 3, 64, 4, seed=3))
     out, lens = torch.empty(q.shape), torch.tensor(seq_lens, dtype=torch.int32)
     portable_lib.infer_paged_decode(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0),
                                     v.data_ptr(), v.stride(0), kc.data_ptr(), vc.data_ptr(),
@@ -350,8 +365,8 @@ def test_paged_decode_portable_c_against_sdpa(portable_lib, kv16):
                                     lens.data_ptr(), out.data_ptr(), 3, 9, 3, 64, 4, 64 ** -0.5,
                                     kv16)
     if kv16:
-        _check_bf16_writes(k, v, kc, vc, slots)
-        k = k.to(torch.bfloat16).float()
+        _check_kv16_writes(k, v, kc, vc, slots)
+        k = k.to(dtype).float()
     want = _paged_reference(q, k, kc.float(), vc.float(), slots, tables, seq_lens, 4)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=2e-6)
 

@@ -292,14 +292,18 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor | None:
     return out
 
 
+# The KV cache dtypes the native attention reads, as its ``kv16`` argument codes them.
+KV_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
 def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, page_size: int, scale: float) -> torch.Tensor | None:
     """Write k/v [B, Hkv, D] at ``slots`` and attend q [B, H, D] over each sequence's pages.
-    The caches are float32, or bf16 (the new k/v rounded to nearest even on write)."""
+    The caches are float32, or bf16 / fp16 (the new k/v rounded to nearest even on write)."""
     lib = _lib()
     if (lib is None or not (_heads_view(q) and _heads_view(k) and _heads_view(v))
-            or k_cache.dtype not in (torch.float32, torch.bfloat16)
+            or k_cache.dtype not in KV_CODES
             or v_cache.dtype != k_cache.dtype
             or not (k_cache.is_contiguous() and v_cache.is_contiguous())
             or slots.dtype != torch.int64 or block_tables.dtype != torch.int32
@@ -313,5 +317,5 @@ def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: tor
                            v.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
                            block_tables.data_ptr(), block_tables.stride(0), seq_lens.data_ptr(),
                            out.data_ptr(), b, h, k.shape[1], d, page_size, float(scale),
-                           int(k_cache.dtype == torch.bfloat16))
+                           KV_CODES[k_cache.dtype])
     return out

@@ -1,5 +1,5 @@
 /*
- * Decode attention tiles over a paged float32 or bf16 KV cache (AVX2 + FMA), shared by the CPU
+ * Decode attention tiles over a paged float32, bf16 or fp16 KV cache (AVX2 + FMA), shared by the CPU
  * plugin's two kernel libraries (infer_cpu_kernels.c: GGUF / float32 models, every query row;
  * infer_cpu_bf16.c: bf16 models' decode rows where its AVX-512 tiles do not apply).
  *
@@ -8,11 +8,15 @@
  * heads at a time (each key loaded once for the heads), then softmax numerators in place
  * (infer_cpu_vmath.h's exp), then the value sums 32 columns x heads at a time, divided by the
  * exp sum at the end. The keys, then the values, are read in blocks of KV_BLOCK (bf16:
- * KV_BLOCK16) positions, each block's rows for every KV head of the call before the next block, so
+ * KV_BLOCK16, also for fp16) positions, each block's rows for every KV head of the call before the next block, so
  * a call covering all of a row's KV heads reads each page as one contiguous run. The block size
  * does not change any bits. A query head's arithmetic does not
  * depend on which KV heads share its call: score tiles start at multiples of 4 either way, and
  * each output lane is one FMA chain over the positions in order (carried in acc between blocks).
+ *
+ * The cache type is kv16: 0 float32, 1 bf16, 2 fp16 (IEEE half). 16-bit values are widened to
+ * float32 exactly as they are loaded, so a 16-bit cache's arithmetic is the float32 arithmetic on
+ * the rounded keys and values.
  */
 #ifndef INFER_CPU_ATTN_H
 #define INFER_CPU_ATTN_H
@@ -53,9 +57,11 @@ static inline float hsum256(__m256 v) {
 #if defined(__AVX2__) && defined(__FMA__)
 #define INFER_ATTN_TILES 1
 
-/* 8 cache values at element i of base as floats (bf16: widened exactly). */
+/* 8 cache values at element i of base as floats (bf16, fp16: widened exactly). */
 static inline __m256 kv_load8(const void *base, int64_t i, int kv16) {
-  return kv16 ? vm_bf16x8_load((const uint16_t *)base + i) : _mm256_loadu_ps((const float *)base + i);
+  return kv16 == 1 ? vm_bf16x8_load((const uint16_t *)base + i)
+       : kv16 == 2 ? vm_f16x8_load((const uint16_t *)base + i)
+                   : _mm256_loadu_ps((const float *)base + i);
 }
 
 /* s[h * ls + j] = scale * (q_h . k_j) for nh <= 3 query heads (q_h = q + h D) and the L keys at
@@ -144,35 +150,35 @@ static float max_row(const float *s, int n) {
 /* group_scores / group_values with constant head counts and cache types (the tiles stay in
  * registers). Not inlined: inside their callers GCC kept the tiles' pointers and a value sum on the
  * stack (measured: bf16 caches 15.1 -> 12.6 ms for the step above, float32 16.5 -> 15.6). */
+#define ATTN_SCORES_CASE(NH, KV)                                                               \
+  case (NH) * 3 + (KV): group_scores(q, NH, kb, KV, off, L, D, scale, s, ls); break;
 static __attribute__((noinline)) void scores_tile(const float *q, int nh, const void *kb, int kv16,
                                                   const int64_t *off, int L, int D, float scale,
                                                   float *s, int ls) {
-  switch (nh * 2 + kv16) {
-  case 7: group_scores(q, 3, kb, 1, off, L, D, scale, s, ls); break;
-  case 6: group_scores(q, 3, kb, 0, off, L, D, scale, s, ls); break;
-  case 5: group_scores(q, 2, kb, 1, off, L, D, scale, s, ls); break;
-  case 4: group_scores(q, 2, kb, 0, off, L, D, scale, s, ls); break;
-  case 3: group_scores(q, 1, kb, 1, off, L, D, scale, s, ls); break;
+  switch (nh * 3 + kv16) {
+    ATTN_SCORES_CASE(3, 2) ATTN_SCORES_CASE(3, 1) ATTN_SCORES_CASE(3, 0)
+    ATTN_SCORES_CASE(2, 2) ATTN_SCORES_CASE(2, 1) ATTN_SCORES_CASE(2, 0)
+    ATTN_SCORES_CASE(1, 2) ATTN_SCORES_CASE(1, 1)
   default: group_scores(q, 1, kb, 0, off, L, D, scale, s, ls); break;
   }
 }
 
+#define ATTN_VALUES_CASE(NH, KV)                                                               \
+  case (NH) * 3 + (KV): group_values(p, ls, NH, vb, KV, off, j0, j1, D, first, acc); break;
 static __attribute__((noinline)) void values_tile(const float *p, int ls, int nh, const void *vb,
                                                   int kv16, const int64_t *off, int j0, int j1,
                                                   int D, int first, float *acc) {
-  switch (nh * 2 + kv16) {
-  case 7: group_values(p, ls, 3, vb, 1, off, j0, j1, D, first, acc); break;
-  case 6: group_values(p, ls, 3, vb, 0, off, j0, j1, D, first, acc); break;
-  case 5: group_values(p, ls, 2, vb, 1, off, j0, j1, D, first, acc); break;
-  case 4: group_values(p, ls, 2, vb, 0, off, j0, j1, D, first, acc); break;
-  case 3: group_values(p, ls, 1, vb, 1, off, j0, j1, D, first, acc); break;
+  switch (nh * 3 + kv16) {
+    ATTN_VALUES_CASE(3, 2) ATTN_VALUES_CASE(3, 1) ATTN_VALUES_CASE(3, 0)
+    ATTN_VALUES_CASE(2, 2) ATTN_VALUES_CASE(2, 1) ATTN_VALUES_CASE(2, 0)
+    ATTN_VALUES_CASE(1, 2) ATTN_VALUES_CASE(1, 1)
   default: group_values(p, ls, 1, vb, 0, off, j0, j1, D, first, acc); break;
   }
 }
 
 /* Query heads of KV heads [g0, g1) of one query row over its L positions: q [nq, D] (the row's
- * head g0 * group onwards, nq = (g1 - g0) * group), caches kc / vc (float32, or bf16 when
- * kv16) with position j's row at element off[j]; o [nq, D] = softmax(q k^T * scale) v, float32
+ * head g0 * group onwards, nq = (g1 - g0) * group), caches kc / vc (float32, or bf16 / fp16 as
+ * kv16 says) with position j's row at element off[j]; o [nq, D] = softmax(q k^T * scale) v, float32
  * (o may be acc). Scratch: s [nq, L], acc [nq, D], inv [nq]. D a multiple of 32. */
 static void attn_kv_groups(const float *q, int g0, int g1, int group, const void *kc,
                            const void *vc, int kv16, const int64_t *off, int L, int D,

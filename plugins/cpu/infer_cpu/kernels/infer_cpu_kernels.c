@@ -1479,10 +1479,13 @@ void infer_silu_mul(const float *x, int64_t x_stride, float *out, int T, int I) 
 /* s[j] <- exp(s[j] - mx) for j < n; returns the sum (infer_cpu_vmath.h's exp). */
 static float exp_minus_max(float *s, int n, float mx) { return vm_exp_sub(s, n, 1.f, mx); }
 
-/* KV caches hold float32, or bf16 (kv16: rounded to nearest even on write, as torch's
- * float -> bfloat16 conversion; read back exactly as that float). */
+/* KV caches hold float32 (kv16 0), bf16 (1) or fp16 (2): 16-bit values are rounded to nearest
+ * even on write, as torch's float -> bfloat16 / float16 conversions, and read back exactly as
+ * that float. */
 static inline float kv_at(const void *base, int64_t i, int kv16) {
-  return kv16 ? bf16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+  return kv16 == 1 ? bf16_to_f32(((const uint16_t *)base)[i])
+       : kv16 == 2 ? f16_to_f32(((const uint16_t *)base)[i])
+                   : ((const float *)base)[i];
 }
 
 /* One (sequence, query head) of decode attention: out[bh] = softmax(q k^T * scale) v over the
@@ -1522,7 +1525,7 @@ static void attend_one(int bh, const float *q, int64_t q_stride, const void *k_c
 typedef struct {
   const float *q;
   int64_t q_stride;
-  const void *k_cache, *v_cache; /* float32, or bf16 when kv16 */
+  const void *k_cache, *v_cache; /* float32, bf16 (kv16 1) or fp16 (kv16 2) */
   int kv16;
   const int32_t *block_tables;
   int64_t bt_stride;
@@ -1608,16 +1611,23 @@ static void attend_share(const decode_attn *a, int tid, int nt) {
 }
 
 /* The new tokens' k/v rows (row stride k_stride / v_stride, row floats each) into the caches at
- * slots[b]: copied, or rounded to bf16 (kv16). */
+ * slots[b]: copied, or rounded to bf16 (kv16 1) or fp16 (kv16 2). */
 static void write_kv(const float *k, int64_t k_stride, const float *v, int64_t v_stride,
                      void *k_cache, void *v_cache, int kv16, const int64_t *slots, int B, int64_t row) {
   for (int b = 0; b < B; b++) {
     if (kv16) {
       uint16_t *kc = (uint16_t *)k_cache + slots[b] * row, *vc = (uint16_t *)v_cache + slots[b] * row;
-      for (int64_t i = 0; i < row; i++) {
-        kc[i] = f32_to_bf16(k[b * k_stride + i]);
-        vc[i] = f32_to_bf16(v[b * v_stride + i]);
-      }
+      const float *kr = k + b * k_stride, *vr = v + b * v_stride;
+      if (kv16 == 2)
+        for (int64_t i = 0; i < row; i++) {
+          kc[i] = f32_to_f16(kr[i]);
+          vc[i] = f32_to_f16(vr[i]);
+        }
+      else
+        for (int64_t i = 0; i < row; i++) {
+          kc[i] = f32_to_bf16(kr[i]);
+          vc[i] = f32_to_bf16(vr[i]);
+        }
     } else {
       memcpy((float *)k_cache + slots[b] * row, k + b * k_stride, sizeof(float) * (size_t)row);
       memcpy((float *)v_cache + slots[b] * row, v + b * v_stride, sizeof(float) * (size_t)row);
@@ -1625,7 +1635,7 @@ static void write_kv(const float *k, int64_t k_stride, const float *v, int64_t v
   }
 }
 
-/* Decode attention over a paged float32 (or, kv16, bf16) cache, one query per sequence, after
+/* Decode attention over a paged float32 (or, kv16 1 / 2, bf16 / fp16) cache, one query per sequence, after
  * writing the new k/v.
  *   q [B, H, D] (row stride q_stride), k/v new [B, Hkv, D] (row strides k_stride, v_stride),
  *   caches [pages, page, Hkv, D], slots [B] (where the new k/v go), block_tables [B, bt_stride]
@@ -1659,7 +1669,7 @@ typedef struct {
   const void *wqkv, *wo, *wgu, *wdown; /* blocks of the four projections */
   const float *bqkv;                  /* [(H + 2 Hkv) D] or NULL */
   int kind_qkv, kind_o, kind_gu, kind_down;
-  void *k_cache, *v_cache; /* [pages, page, Hkv, D], float32 or (kv16) bf16 */
+  void *k_cache, *v_cache; /* [pages, page, Hkv, D], float32 or (kv16 1 / 2) bf16 / fp16 */
   const uint8_t *tqkv, *to, *tgu, *tdown; /* the projections' packed tiles, or NULL */
 } infer_layer;
 

@@ -164,7 +164,34 @@ static inline uint16_t f32_to_bf16(float f) {
   return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
+/* fp16 (IEEE binary16) bits as the float32 they stand for: exact (GCC's _Float16). */
+static inline float f16_to_f32(uint16_t v) {
+  _Float16 h;
+  memcpy(&h, &v, sizeof h);
+  return (float)h;
+}
+
+/* Round to nearest even, overflow to infinity, NaN stays NaN: the same as torch's
+ * float -> float16 conversion. */
+static inline uint16_t f32_to_f16(float f) {
+  _Float16 h = (_Float16)f;
+  uint16_t v;
+  memcpy(&v, &h, sizeof v);
+  return v;
+}
+
 #if defined(__AVX2__)
+/* 8 fp16 at p as float32 (exact). */
+static inline __m256 vm_f16x8_load(const uint16_t *p) {
+#if defined(__F16C__)
+  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#else
+  float t[8];
+  for (int i = 0; i < 8; i++) t[i] = f16_to_f32(p[i]);
+  return _mm256_loadu_ps(t);
+#endif
+}
+
 /* 8 bf16 at p as float32 (exact). */
 static inline __m256 vm_bf16x8_load(const uint16_t *p) {
   return _mm256_castsi256_ps(

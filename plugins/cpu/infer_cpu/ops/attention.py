@@ -1,8 +1,8 @@
 """``torch_native`` on the CPU: the core's reference backend plus the native paged-attention kernel.
 
-Every batch of a float32 model on the CPU (a GGUF file's dequantised weights) over a float32 or
-bf16 cache (``--kv-cache-dtype bf16``: the new keys and values rounded to nearest even as they
-are written; half the memory) runs ``infer_cpu.kernels.paged_decode``: one call
+Every batch of a float32 model on the CPU (a GGUF file's dequantised weights) over a float32,
+fp16 (a GGUF file's default on the CPU) or bf16 (``--kv-cache-dtype bf16``) cache (16-bit caches:
+the new keys and values rounded to nearest even as they are written; half the memory) runs ``infer_cpu.kernels.paged_decode``: one call
 writes the step's new k/v and then attends each query row over its own sequence's pages. A
 decode row is one query per sequence; a prefill or extend row t of sequence i is a query that
 sees the first ``prefix_len_i + t + 1`` keys. Each row's arithmetic depends only on its query and
@@ -64,9 +64,9 @@ class TorchNativeAttention(ReferenceAttention):
             refuse_nondeterministic(f"attention over a {config.kv_dtype} KV cache (torch SDPA)")
 
     def _kernel_fits(self) -> bool:
-        """float32 queries (float32 models: GGUF files) over a float32 or bf16 cache."""
+        """float32 queries (float32 models: GGUF files) over a float32, bf16 or fp16 cache."""
         c = self.config
-        return (c.dtype == torch.float32 and c.kv_dtype in (torch.float32, torch.bfloat16)
+        return (c.dtype == torch.float32 and c.kv_dtype in kernels.KV_CODES
                 and c.device.type == "cpu" and kernels.load() is not None)
 
     def _bf16_fits(self) -> bool:
