@@ -113,8 +113,8 @@ class Platform:
         """The KV cache dtype of a GGUF file served under ``--dtype auto`` and ``--kv-cache-dtype
         auto`` ("the model's dtype"; a GGUF file has none of its own). The model runs
         ``model_dtype`` (float32: its dequantised weights); a platform whose attention reads a
-        16-bit cache as exactly may store one (SGLang and vLLM serve a GGUF file's cache, like its
-        activations, in float16 under auto)."""
+        16-bit cache may store one (SGLang's auto runs a float32 model, cache included, in
+        FP16; llama.cpp's default cache is f16)."""
         return model_dtype
 
     def default_adjustments(self, args: Any) -> list[SettingAdjustment]:
