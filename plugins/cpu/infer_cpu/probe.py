@@ -110,8 +110,8 @@ class CpuPlatform(Platform):
     def gguf_kv_dtype(self, model_dtype: Any) -> Any:
         """An fp16 cache for a GGUF file's float32 model where the native attention reads it
         (``infer_cpu.kernels``: widened exactly as loaded, F16C). Half the bytes of a float32
-        cache, which the decode attention of a batch is bound by (1.09x on the default model's
-        engine at 32 requests), and its answers stay within the default's quality bar (mean KL
+        cache, which the decode attention of a batch is bound by (the default model's 32-row
+        decode call 1.14x, ``benchmarks/cpu_engine_steps.py``), and its answers stay within the default's quality bar (mean KL
         against the float32 cache below 1e-6, ``infer bench quality``); bf16's shorter mantissa
         misses it (3.3e-5). ``--dtype float32 --quantization gguf`` keeps a float32 cache."""
         import torch
