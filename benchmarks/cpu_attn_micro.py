@@ -25,6 +25,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CPU plugin runs (s
 
 import torch  # noqa: E402
 from cpu_qgemm_micro import best_time, loadavg, tree_and_others  # noqa: E402
+from infer_cpu import kernels  # noqa: E402
 from infer_cpu.quant.packing import quantize_q8_blocks  # noqa: E402
 
 LAYERS, H, HKV, D, HIDDEN, VOCAB = 30, 9, 3, 64, 576, 49152
@@ -44,7 +45,7 @@ def block_tables(b: int, seq_len: int, page: int) -> tuple[torch.Tensor, int]:
     return perm.view(b, per).to(torch.int32).contiguous(), b * per
 
 
-KV_DTYPES = {"float32": (torch.float32, 0), "bf16": (torch.bfloat16, 1), "fp16": (torch.float16, 2)}
+KV_DTYPES = {"float32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def attention_fn(lib: ctypes.CDLL, b: int, seq_len: int, page: int, kv: str = "float32",
@@ -55,7 +56,8 @@ def attention_fn(lib: ctypes.CDLL, b: int, seq_len: int, page: int, kv: str = "f
     ``hot``: every call reads the first layer's cache (what the arithmetic costs with the keys and
     values in the caches, no memory traffic)."""
     tables, pages = block_tables(b, seq_len, page)
-    dt, code = KV_DTYPES[kv]
+    dt = KV_DTYPES[kv]
+    code = kernels.KV_CODES[dt]  # the library's kv16 argument
     caches = [(torch.randn(pages, page, HKV, D).to(dt), torch.randn(pages, page, HKV, D).to(dt))
               for _ in range(1 if hot else LAYERS)] * (LAYERS if hot else 1)
     qkv = torch.randn(b, (H + 2 * HKV) * D)

@@ -310,7 +310,6 @@ KV16_TIES = {
     torch.float16: [0x3F801000, 0x3F803000, 0x3F801001, 0x3F800FFF, -0x40803000,
                     0x35C40000, 0x35CC0000, 0x477FEFFF],
 }
-KV_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 def _kv16_case(seq_lens: list[int], h: int, hkv: int, d: int, page: int, seed: int = 0,
@@ -354,7 +353,7 @@ def test_paged_decode_over_a_16_bit_cache(h, hkv, d, page, threads, dtype):
 def test_paged_decode_portable_c_against_sdpa(portable_lib, dtype):
     """The portable C path over a float32 cache and over bf16 and fp16 ones."""
     seq_lens = [9, 1, 40]
-    kv16 = KV_CODE[dtype]
+    kv16 = kernels.KV_CODES[dtype]
     q, k, v, kc, vc, slots, tables = (
         _kv16_case(seq_lens, 9, 3, 64, 4, seed=3, dtype=dtype) if kv16
         else _paged_case(seq_lens, 9, 3, 64, 4, seed=3))
