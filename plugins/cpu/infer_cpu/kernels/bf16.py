@@ -24,7 +24,7 @@ from infer_cpu.native_build import BF16_LIB_NAME, BF16_SOURCE, build, compiler, 
 logger = logging.getLogger(__name__)
 
 BLOCK = 16  # output columns per packed block
-ISA_NAMES = {3: "avx512_bf16", 2: "avx2", 0: "portable C"}
+ISA_NAMES = {4: "amx_bf16", 3: "avx512_bf16", 2: "avx2", 0: "portable C"}
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int

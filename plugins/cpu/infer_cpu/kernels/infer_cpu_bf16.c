@@ -33,6 +33,11 @@
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define BF16_DP 1 /* vdpbf16ps on bf16 activation pairs */
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#define BF16_AMX 1 /* the projections on AMX tiles (tdpbf16ps) where the kernel allows them */
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #elif defined(__AVX2__) && defined(__FMA__)
 #define BF16_AVX2 1 /* weights widened to float32, FMA against float32 activations */
 #endif
@@ -151,9 +156,29 @@ static void pool_run(pool_fn fn, void *arg, int units, int nt) {
   pthread_mutex_unlock(&g_pool.call);
 }
 
-/* 3: AVX-512 BF16 (vdpbf16ps), 2: AVX2 + FMA, 0: portable C. */
+#ifdef BF16_AMX
+/* AMX tiles need the kernel's leave to use their state (Linux 5.16+: arch_prctl
+ * ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, Documentation/arch/x86/xstate.rst); it is asked
+ * once, for the whole process. Refused (an older kernel, a hypervisor that hides the state),
+ * every GEMM stays on the AVX-512 BF16 tiles: the choice is made once, so a row's result never
+ * depends on which call computed it. */
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+static pthread_once_t g_amx_once = PTHREAD_ONCE_INIT;
+static int g_amx;
+static void amx_ask(void) { g_amx = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0; }
+static int amx_on(void) {
+  pthread_once(&g_amx_once, amx_ask);
+  return g_amx;
+}
+#endif
+
+/* 4: AMX (tdpbf16ps) for the projections, AVX-512 BF16 elsewhere; 3: AVX-512 BF16 (vdpbf16ps);
+ * 2: AVX2 + FMA; 0: portable C. */
 int infer_bf16_isa(void) {
-#if defined(BF16_DP)
+#if defined(BF16_AMX)
+  return amx_on() ? 4 : 3;
+#elif defined(BF16_DP)
   return 3;
 #elif defined(BF16_AVX2)
   return 2;
@@ -453,6 +478,134 @@ static void gemm_blocks(const act_t *act, int64_t xs, int M, int K2, const bf16 
   gemm_blocks_ps(act, xs, M, K2, P, (int64_t)K2 * 32, bias, N, b0, b1, y, ys, y_bf16);
 }
 
+#ifdef BF16_AMX
+/* ---- AMX: the projections' GEMM on tiles ----
+ * Tiles 0-3 hold float32 sums C (16 rows x 16 columns), 4-5 activation rows A (16 rows x 32
+ * bf16: 16 k pairs), 6-7 weights B (16 k pairs x 16 columns x 2: 16 consecutive 64-byte rows of
+ * a packed block, so the pair-packed layout is already the tile's). tdpbf16ps C += A B: per the
+ * SDM, each C[m][n] adds A[m][2k] B[k][2n] + A[m][2k + 1] B[k][2n + 1] for k = 0..15 in order,
+ * bf16 products exact in float32, input denormals read as zero, float32 sums rounded to nearest
+ * even. A row's sums depend on its own activations only, never on the other rows of its tile,
+ * so every M takes this path and a row's result is the same at any batch size (the tiles'
+ * configured rows change with M, never the sums of a row).
+ * Taken where K2 is a multiple of 16 (a k chunk is one tile); other shapes stay on vdpbf16ps. */
+typedef struct {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} amx_cfg;
+
+/* Tiles 0, 1 and 4 hold rows lo (1..16) of C and A, tiles 2, 3 and 5 rows hi (0: unused). */
+static void amx_load_config(int lo, int hi) {
+  amx_cfg c;
+  memset(&c, 0, sizeof c);
+  c.palette = 1;
+  for (int t = 0; t < 8; t++) {
+    int r = t == 2 || t == 3 || t == 5 ? hi : t < 6 ? lo : 16;
+    c.colsb[t] = r ? 64 : 0;
+    c.rows[t] = (uint8_t)r;
+  }
+  _tile_loadconfig(&c);
+}
+
+static int amx_takes(int K2) { return K2 % 16 == 0 && K2 > 0 && amx_on(); }
+
+/* 16 float32 sums v + bias to y[0 .. cols) as float32 or bf16 (nearest even, as f32_to_bf16). */
+static inline void amx_store16(const float *v, const float *bias, int cols, void *y, int y_bf16) {
+  if (cols < CB) {
+    store16((float *)v, bias, cols, y, y_bf16);
+    return;
+  }
+  __m512 s = _mm512_load_ps(v);
+  if (bias) s = _mm512_add_ps(s, _mm512_loadu_ps(bias));
+  if (y_bf16)
+    _mm256_storeu_si256((__m256i *)y, bf16x16_pack(s));
+  else
+    _mm512_storeu_ps((float *)y, s);
+}
+
+/* Rows [m0, m0 + lo + hi) of y for column blocks [b0, b1), with the tile rows configured as
+ * lo (<= 16) and hi (<= 16): two blocks at a time, the weights' k chunks streamed once. */
+static void amx_group(const bf16 *act, int64_t xs, int m0, int lo, int hi, int K2, const bf16 *P,
+                      int64_t ps, const float *bias, int N, int b0, int b1, void *y, int64_t ys,
+                      int y_bf16) {
+  float c[32][32] __attribute__((aligned(64)));
+  const bf16 *x = act + m0 * xs, *x1 = x + 16 * xs;
+  int64_t xsb = xs * (int64_t)sizeof(bf16);
+  for (int b = b0; b < b1; b += 2) {
+    int two = b + 1 < b1;
+    const bf16 *w0 = P + b * ps, *w1 = w0 + ps;
+    _tile_zero(0);
+    _tile_zero(1);
+    if (hi) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+    for (int kc = 0; kc < K2; kc += 16) {
+      _tile_loadd(4, x + 2 * kc, xsb);
+      _tile_loadd(6, w0 + kc * 32, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      if (two) {
+        _tile_loadd(7, w1 + kc * 32, 64);
+        _tile_dpbf16ps(1, 4, 7);
+      }
+      if (hi) {
+        _tile_loadd(5, x1 + 2 * kc, xsb);
+        _tile_dpbf16ps(2, 5, 6);
+        if (two) _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+    _tile_stored(0, &c[0][0], 128);
+    if (two) _tile_stored(1, &c[0][16], 128);
+    if (hi) {
+      _tile_stored(2, &c[16][0], 128);
+      if (two) _tile_stored(3, &c[16][16], 128);
+    }
+    for (int i = 0; i < lo + hi; i++) {
+      int r = i < lo ? i : 16 + i - lo;
+      for (int bb = 0; bb <= two; bb++) {
+        int n = (b + bb) * CB, cols = N - n < CB ? N - n : CB;
+        char *dst = (char *)y + ((m0 + i) * ys + n) * (y_bf16 ? 2 : 4);
+        amx_store16(&c[r][bb * 16], bias ? bias + n : NULL, cols, dst, y_bf16);
+      }
+    }
+  }
+}
+
+/* As gemm_blocks_ps (bf16 activations act [M][2 K2], row stride xs), column blocks [b0, b1):
+ * groups of 32 rows, then the last M % 32 rows with the tile rows configured to fit them (a
+ * tile load reads exactly its configured rows, never past row M). */
+static void gemm_blocks_amx(const bf16 *act, int64_t xs, int M, int K2, const bf16 *P, int64_t ps,
+                            const float *bias, int N, int b0, int b1, void *y, int64_t ys,
+                            int y_bf16) {
+  int full = M & ~31, rest = M - full;
+  if (full) {
+    amx_load_config(16, 16);
+    for (int m = 0; m < full; m += 32)
+      amx_group(act, xs, m, 16, 16, K2, P, ps, bias, N, b0, b1, y, ys, y_bf16);
+  }
+  if (rest) {
+    int lo = rest > 16 ? 16 : rest;
+    amx_load_config(lo, rest - lo);
+    amx_group(act, xs, full, lo, rest - lo, K2, P, ps, bias, N, b0, b1, y, ys, y_bf16);
+  }
+  _tile_release();
+}
+#endif
+
+/* The projections' GEMM (act as gemm_blocks'): on AMX tiles where amx_takes(K2), else the
+ * register tiles. The attention's own GEMMs (prefill) call gemm_blocks directly. */
+static void gemm_proj(const act_t *act, int64_t xs, int M, int K2, const bf16 *P,
+                      const float *bias, int N, int b0, int b1, void *y, int64_t ys, int y_bf16) {
+#ifdef BF16_AMX
+  if (amx_takes(K2)) {
+    gemm_blocks_amx(act, xs, M, K2, P, (int64_t)K2 * 32, bias, N, b0, b1, y, ys, y_bf16);
+    return;
+  }
+#endif
+  gemm_blocks(act, xs, M, K2, P, bias, N, b0, b1, y, ys, y_bf16);
+}
+
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 /* When the last of nt equally fast threads finishes units of per blocks (the last unit the
@@ -516,8 +669,8 @@ static void gemm_unit(void *p, int u, int w) {
   const gemm_job *g = (const gemm_job *)p;
   int b0 = u * g->per, b1 = b0 + g->per < g->NB ? b0 + g->per : g->NB;
   (void)w;
-  gemm_blocks(g->act, 2 * g->K2, g->M, g->K2, g->P, g->bias, g->N, b0, b1, g->y, g->y_stride,
-              g->y_bf16);
+  gemm_proj(g->act, 2 * g->K2, g->M, g->K2, g->P, g->bias, g->N, b0, b1, g->y, g->y_stride,
+            g->y_bf16);
 }
 
 /* y [M, N] = x [M, K] . W^T (+ bias), W pair-packed. x float32 or bf16 (x_bf16), row stride
@@ -1274,7 +1427,7 @@ typedef struct {
 static void gemm_cols(const act_t *act, int64_t as, int B, int K, const bf16 *P, const float *bias,
                       int N, int c0, int c1, float *y) {
   if (c0 < c1)
-    gemm_blocks(act, as, B, (K + 1) / 2, P, bias, N, c0 / CB, (c1 + CB - 1) / CB, y, N, 0);
+    gemm_proj(act, as, B, (K + 1) / 2, P, bias, N, c0 / CB, (c1 + CB - 1) / CB, y, N, 0);
 }
 
 /* [c0, c1) of unit u's column blocks (per blocks each) of an N-column output. */
