@@ -63,11 +63,12 @@ def test_gemm_float32_in_out(m, k, n):
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("m", [1, 6, 40])
-def test_gemm_bf16_in_out_threads_and_strided_rows(threads, m):
-    x, w, _ = _case(m, 301, 150, seed=m + threads)
-    big = torch.zeros(m, 400, dtype=torch.bfloat16)
-    big[:, 7:308] = x.bfloat16()
-    xs = big[:, 7:308]  # rows of stride 400
+@pytest.mark.parametrize("k", [301, 576])  # 576: AMX tiles where the CPU has them
+def test_gemm_bf16_in_out_threads_and_strided_rows(threads, m, k):
+    x, w, _ = _case(m, k, 150, seed=m + threads + k)
+    big = torch.zeros(m, k + 99, dtype=torch.bfloat16)
+    big[:, 7:k + 7] = x.bfloat16()
+    xs = big[:, 7:k + 7]  # rows of stride k + 99
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -78,6 +79,35 @@ def test_gemm_bf16_in_out_threads_and_strided_rows(threads, m):
     assert y.dtype == torch.bfloat16 and y32.dtype == torch.float32
     _check_gemm(y, x, w, None)
     _check_gemm(y32, x, w, None)
+
+
+@pytest.mark.parametrize("k,n", [(576, 150), (1536, 67), (301, 40)])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_gemm_rows_do_not_depend_on_the_batch(k, n, out_dtype):
+    """Each row's outputs, bias included, are the same bits whether it is computed alone or among
+    M rows (on AMX the tiles' rows are configured per M: 16 + 16, a tail of 1..31)."""
+    x, w, bias = _case(70, k, n, seed=k + n)
+    p = kb.pack(w)
+    alone = torch.cat([kb.gemm(x[i:i + 1], p, bias, out_dtype=out_dtype) for i in range(70)])
+    for m in (2, 16, 17, 31, 32, 33, 64, 70):
+        assert torch.equal(kb.gemm(x[:m], p, bias, out_dtype=out_dtype), alone[:m]), m
+    _check_gemm(alone, x, w, bias)
+
+
+def _amx_granted() -> bool:
+    """Whether Linux lets this process use AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM), as the
+    library asks it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(158, 0x1023, 18) == 0  # SYS_arch_prctl, XFEATURE_XTILEDATA
+
+
+def test_amx_runs_where_the_cpu_and_linux_have_it():
+    flags = next((ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")), "").split()
+    if not {"amx_tile", "amx_bf16"} <= set(flags) or platform.machine() != "x86_64":
+        pytest.skip("CPU without AMX bf16")
+    if "-march=native" not in kb.detail():
+        pytest.skip(f"not built for this CPU: {kb.detail()}")
+    assert kb.isa() == ("amx_bf16" if _amx_granted() else "avx512_bf16")
 
 
 def test_gemm_rounds_activations_to_nearest_even():
@@ -122,6 +152,17 @@ def avx2_lib(tmp_path_factory) -> ctypes.CDLL:
 
 
 @pytest.fixture(scope="module")
+def avx512_lib(tmp_path_factory) -> ctypes.CDLL:
+    """The vdpbf16ps path on a CPU that would take AMX tiles: built without them."""
+    if "avx512_bf16" not in open("/proc/cpuinfo").read():
+        pytest.skip("CPU without AVX-512 BF16")
+    lib = _compile(tmp_path_factory, "avx512", ["-O3", "-march=native", "-mno-amx-tile",
+                                                "-mno-amx-bf16", "-mno-amx-int8"])
+    assert lib.infer_bf16_isa() == 3
+    return lib
+
+
+@pytest.fixture(scope="module")
 def portable_lib(tmp_path_factory) -> ctypes.CDLL:
     lib = _compile(tmp_path_factory, "portable", ["-O2"])
     assert lib.infer_bf16_isa() == 0
@@ -146,6 +187,14 @@ def test_avx2_path(avx2_lib, m, k, n):
     x, w, bias = _case(m, k, n, seed=7 * m + k)
     _check_gemm(_gemm_with(avx2_lib, x, kb.pack(w), bias, torch.float32), x, w, bias)
     _check_gemm(_gemm_with(avx2_lib, x.bfloat16(), kb.pack(w), None, torch.bfloat16), x, w, None)
+
+
+@pytest.mark.parametrize("m", [1, 4, 9, 33])
+@pytest.mark.parametrize("k,n", [(576, 67), (37, 16)])
+def test_avx512_bf16_path(avx512_lib, m, k, n):
+    x, w, bias = _case(m, k, n, seed=13 * m + k)
+    _check_gemm(_gemm_with(avx512_lib, x, kb.pack(w), bias, torch.float32), x, w, bias)
+    _check_gemm(_gemm_with(avx512_lib, x.bfloat16(), kb.pack(w), None, torch.bfloat16), x, w, None)
 
 
 @pytest.mark.parametrize("m", [1, 5])

@@ -2,9 +2,11 @@
 bf16 decode step, compiled on first use like ``infer_cpu_kernels.c`` (see ``native_build``) into
 a library of their own and called via ctypes.
 
-ISA paths, chosen when the library is compiled for this CPU: AVX-512 BF16 (``vdpbf16ps``),
-AVX2 + FMA (weights widened to float32), portable C. AMX tiles are not used: a CPU with AMX also
-has AVX-512 BF16 and runs that path. ``isa()`` says which one was built.
+ISA paths, chosen when the library is compiled for this CPU: AMX (``tdpbf16ps`` on tiles, for the
+projections' GEMMs whose K is a multiple of 32, when Linux grants the process the tile state;
+the rest of such a CPU's work runs the AVX-512 BF16 path), AVX-512 BF16 (``vdpbf16ps``), AVX2 +
+FMA (weights widened to float32), portable C. The pair-packed layout is already an AMX weight
+tile's. ``isa()`` says which one runs.
 
 The wrappers check what the kernels assume (dtypes, strides, CPU tensors) and return None when
 a call does not fit, so the caller runs the torch reference instead.
