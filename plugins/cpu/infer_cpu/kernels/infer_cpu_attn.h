@@ -134,6 +134,18 @@ static inline __attribute__((always_inline)) void group_values(
   }
 }
 
+/* Positions KV_PF ahead of a block are prefetched as the block starts (their rows sit a page
+ * table walk apart, where the hardware prefetchers lose the stream): the lines of span bytes at
+ * base + off[j] * esz for j in [j0, j0 + n), j < L. No value changes. */
+#ifndef KV_PF
+#define KV_PF 8
+#endif
+static inline void attn_prefetch_rows(const char *base, int esz, const int64_t *off, int j0, int n,
+                                      int L, int64_t span) {
+  for (int j = j0; j < j0 + n && j < L; j++)
+    for (int64_t b = 0; b < span; b += 64) _mm_prefetch(base + off[j] * esz + b, _MM_HINT_T0);
+}
+
 /* max_j s[j] */
 static float max_row(const float *s, int n) {
   __m256 m = _mm256_set1_ps(-INFINITY);
@@ -187,8 +199,10 @@ static void attn_kv_groups(const float *q, int g0, int g1, int group, const void
   /* small blocks pay off only when the call reads several KV heads of each row */
   int blk = kv16 && g1 - g0 > 1 ? KV_BLOCK16 : KV_BLOCK;
   const char *kb = (const char *)kc, *vb = (const char *)vc;
+  int64_t span = (int64_t)(g1 - g0) * D * esz, at = (int64_t)g0 * D * esz; /* the call's bytes of a row */
   for (int j0 = 0; j0 < L; j0 += blk) {
     int jn = L - j0 < blk ? L - j0 : blk;
+    attn_prefetch_rows(kb + at, esz, off, j0 + KV_PF, blk, L, span);
     for (int g = g0; g < g1; g++)
       for (int h0 = 0; h0 < group; h0 += 3) {
         int nh = group - h0 < 3 ? group - h0 : 3, hl = (g - g0) * group + h0;
@@ -202,6 +216,7 @@ static void attn_kv_groups(const float *q, int g0, int g1, int group, const void
   }
   for (int j0 = 0; j0 < L; j0 += blk) {
     int j1 = L - j0 < blk ? L : j0 + blk;
+    attn_prefetch_rows(vb + at, esz, off, j0 + KV_PF, blk, L, span);
     for (int g = g0; g < g1; g++)
       for (int h0 = 0; h0 < group; h0 += 3) {
         int nh = group - h0 < 3 ? group - h0 : 3, hl = (g - g0) * group + h0;

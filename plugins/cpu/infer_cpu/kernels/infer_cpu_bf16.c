@@ -946,6 +946,10 @@ static inline __m512 reduce16x16(const __m512 v[16]) {
   return _mm512_permutexvar_ps(at, z);
 }
 
+#ifndef ATTN_PF
+#define ATTN_PF 8 /* keys ahead that attend_regs prefetches */
+#endif
+
 /* attend_unit for D = 16 NC and G heads with the queries (G NC vectors) and the outputs (G NC
  * accumulators) in registers: scores 16 keys at a time (each key's G lane-wise products kept,
  * then reduced together), the softmax numerators in place, then o_h = sum_j e_hj v_j / sum_j e_hj.
@@ -968,6 +972,11 @@ static inline __attribute__((always_inline)) void attend_regs(const bf16_attn *a
       }
       int j = j0 + jj;
       const bf16 *k = a->k_cache + ((int64_t)bt[j / a->page] * a->page + j % a->page) * row + (int64_t)g * D;
+      if (j + ATTN_PF < L) { /* the key ATTN_PF ahead: a row's lines are a page table walk away */
+        const char *kf = (const char *)(a->k_cache + ((int64_t)bt[(j + ATTN_PF) / a->page] * a->page +
+                                                      (j + ATTN_PF) % a->page) * row + (int64_t)g * D);
+        for (int c = 0; c < 2 * NC; c += 4) _mm_prefetch(kf + 32 * c, _MM_HINT_T0);
+      }
       __m512 kv[8];
       for (int c = 0; c < NC; c++) kv[c] = bf16x16_load(k + 16 * c);
       for (int h = 0; h < G; h++) {
@@ -987,6 +996,11 @@ static inline __attribute__((always_inline)) void attend_regs(const bf16_attn *a
   }
   for (int j = 0; j < L; j++) {
     const bf16 *v = a->v_cache + ((int64_t)bt[j / a->page] * a->page + j % a->page) * row + (int64_t)g * D;
+    if (j + ATTN_PF < L) {
+      const char *vf = (const char *)(a->v_cache + ((int64_t)bt[(j + ATTN_PF) / a->page] * a->page +
+                                                    (j + ATTN_PF) % a->page) * row + (int64_t)g * D);
+      for (int c = 0; c < 2 * NC; c += 4) _mm_prefetch(vf + 32 * c, _MM_HINT_T0);
+    }
     __m512 vv[8];
     for (int c = 0; c < NC; c++) vv[c] = bf16x16_load(v + 16 * c);
     for (int h = 0; h < G; h++) {
