@@ -975,7 +975,7 @@ static inline __attribute__((always_inline)) void attend_regs(const bf16_attn *a
       if (j + ATTN_PF < L) { /* the key ATTN_PF ahead: a row's lines are a page table walk away */
         const char *kf = (const char *)(a->k_cache + ((int64_t)bt[(j + ATTN_PF) / a->page] * a->page +
                                                       (j + ATTN_PF) % a->page) * row + (int64_t)g * D);
-        for (int c = 0; c < 2 * NC; c += 4) _mm_prefetch(kf + 32 * c, _MM_HINT_T0);
+        for (int c = 0; c < 32 * NC; c += 64) _mm_prefetch(kf + c, _MM_HINT_T0); /* D bf16: 32 NC bytes */
       }
       __m512 kv[8];
       for (int c = 0; c < NC; c++) kv[c] = bf16x16_load(k + 16 * c);
@@ -999,7 +999,7 @@ static inline __attribute__((always_inline)) void attend_regs(const bf16_attn *a
     if (j + ATTN_PF < L) {
       const char *vf = (const char *)(a->v_cache + ((int64_t)bt[(j + ATTN_PF) / a->page] * a->page +
                                                     (j + ATTN_PF) % a->page) * row + (int64_t)g * D);
-      for (int c = 0; c < 2 * NC; c += 4) _mm_prefetch(vf + 32 * c, _MM_HINT_T0);
+      for (int c = 0; c < 32 * NC; c += 64) _mm_prefetch(vf + c, _MM_HINT_T0);
     }
     __m512 vv[8];
     for (int c = 0; c < NC; c++) vv[c] = bf16x16_load(v + 16 * c);
