@@ -12,7 +12,12 @@ sums (each rank sums its blocks, the all-reduce the ranks' partials): float32 ac
 one FMA per weight over dequantized weights (1.2e-6 of the logits' scale measured); the integer
 paths (int16, the default) add d * dot(q, x) and m * sum(x) per Q4_1 block, two terms that nearly
 cancel (m ~ -8 d), so a reordered sum moves further (2.2e-4 measured) -- still far below what a
-wrong shard, head or all-reduce gives (the tokens differ)."""
+wrong shard, head or all-reduce gives (the tokens differ). Those figures are for a float32 KV
+cache; the default now keeps an fp16 one (CpuPlatform.gguf_kv_dtype), and where a reordered sum
+moves a key or value across an fp16 rounding boundary, that element changes by one fp16 ulp
+(2^-10 relative). Measured with the fp16 cache: below 1e-3 on Zen 3, 1.15e-3 on an Intel Xeon
+(AVX-512 VNNI paths; the same at b8dcc75, before that session's kernel changes). How much of it
+is the cache and how much the int16 sums was not separated there."""
 
 from __future__ import annotations
 
@@ -38,9 +43,7 @@ def test_default_model_tp3_native_kernels_and_graph_match_one_rank():
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     prompts = [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True,
                                        tokenize=True, return_dict=True)["input_ids"] for c in CHATS]
-    from infer_cpu.quant.methods import activation_precision
-
-    tol = 1e-5 if activation_precision() == "float32" else 1e-3
+    tol = 3e-3  # the fp16 cache's flipped roundings (see above); any activation precision
     ranks = run_ranks(native_greedy_on_rank, 3, str(path), prompts, MAX_NEW)
     ref = run_ranks(native_greedy_on_rank, 1, str(path), prompts, MAX_NEW)[0]
     assert ref["kinds"] == {"native"} and ref["graph_steps"] > 0
