@@ -31,6 +31,11 @@
 #include "infer_cpu_vmath.h"
 #include "infer_cpu_attn.h"
 
+/* Into L1 (prefetcht0 on x86): the 64-byte lines of bytes [p, p + n). */
+static inline void prefetch_span(const void *p, int n) {
+  for (int c = 0; c < n; c += 64) __builtin_prefetch((const char *)p + c, 0, 3);
+}
+
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define BF16_DP 1 /* vdpbf16ps on bf16 activation pairs */
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
@@ -553,11 +558,8 @@ static void amx_group(const bf16 *act, int64_t xs, int m0, int lo, int hi, int K
     }
     for (int kc = 0; kc < K2; kc += 16) {
       if (pf) { /* the weights pf k chunks ahead (w0's run on into w1's block, w1's into the next pair's) */
-        const char *f0 = (const char *)(w0 + (kc + 16 * pf) * 32), *f1 = (const char *)(w1 + (kc + 16 * pf) * 32);
-        for (int l = 0; l < 1024; l += 64) {
-          _mm_prefetch(f0 + l, _MM_HINT_T0);
-          if (two) _mm_prefetch(f1 + l, _MM_HINT_T0);
-        }
+        prefetch_span(w0 + (kc + 16 * pf) * 32, 1024);
+        if (two) prefetch_span(w1 + (kc + 16 * pf) * 32, 1024);
       }
       _tile_loadd(4, x + 2 * kc, xsb);
       _tile_loadd(6, w0 + kc * 32, 64);
@@ -931,6 +933,13 @@ static inline void axpy_v(float *o, float p, const bf16 *v, int D) {
   for (; d < D; d++) o[d] += p * bf16_to_f32(v[d]);
 }
 
+/* Position j's head g (D values) in a paged cache [pages, page, Hkv, D] (row = Hkv D) through
+ * a sequence's block table bt. */
+static inline const bf16 *kv_at(const bf16 *cache, const int32_t *bt, int page, int64_t row, int j,
+                                int g, int D) {
+  return cache + ((int64_t)bt[j / page] * page + j % page) * row + (int64_t)g * D;
+}
+
 typedef struct {
   const float *q; /* [B, q_stride], query heads h at q + h D */
   int64_t q_stride;
@@ -988,12 +997,9 @@ static inline __attribute__((always_inline)) void attend_regs(const bf16_attn *a
         continue;
       }
       int j = j0 + jj;
-      const bf16 *k = a->k_cache + ((int64_t)bt[j / a->page] * a->page + j % a->page) * row + (int64_t)g * D;
-      if (j + ATTN_PF < L) { /* the key ATTN_PF ahead: a row's lines are a page table walk away */
-        const char *kf = (const char *)(a->k_cache + ((int64_t)bt[(j + ATTN_PF) / a->page] * a->page +
-                                                      (j + ATTN_PF) % a->page) * row + (int64_t)g * D);
-        for (int c = 0; c < 32 * NC; c += 64) _mm_prefetch(kf + c, _MM_HINT_T0); /* D bf16: 32 NC bytes */
-      }
+      const bf16 *k = kv_at(a->k_cache, bt, a->page, row, j, g, D);
+      if (j + ATTN_PF < L) /* the key ATTN_PF ahead (D bf16: 32 NC bytes), a page table walk away */
+        prefetch_span(kv_at(a->k_cache, bt, a->page, row, j + ATTN_PF, g, D), 32 * NC);
       __m512 kv[8];
       for (int c = 0; c < NC; c++) kv[c] = bf16x16_load(k + 16 * c);
       for (int h = 0; h < G; h++) {
@@ -1012,12 +1018,8 @@ static inline __attribute__((always_inline)) void attend_regs(const bf16_attn *a
     for (int c = 0; c < NC; c++) acc[h][c] = _mm512_setzero_ps();
   }
   for (int j = 0; j < L; j++) {
-    const bf16 *v = a->v_cache + ((int64_t)bt[j / a->page] * a->page + j % a->page) * row + (int64_t)g * D;
-    if (j + ATTN_PF < L) {
-      const char *vf = (const char *)(a->v_cache + ((int64_t)bt[(j + ATTN_PF) / a->page] * a->page +
-                                                    (j + ATTN_PF) % a->page) * row + (int64_t)g * D);
-      for (int c = 0; c < 32 * NC; c += 64) _mm_prefetch(vf + c, _MM_HINT_T0);
-    }
+    const bf16 *v = kv_at(a->v_cache, bt, a->page, row, j, g, D);
+    if (j + ATTN_PF < L) prefetch_span(kv_at(a->v_cache, bt, a->page, row, j + ATTN_PF, g, D), 32 * NC);
     __m512 vv[8];
     for (int c = 0; c < NC; c++) vv[c] = bf16x16_load(v + 16 * c);
     for (int h = 0; h < G; h++) {
@@ -1083,8 +1085,7 @@ static void attend_row(const bf16_attn *a, int r, int b, int g, float *s, float 
   if (attend_tiles(a, r, b, g, g + 1, s, o, inv)) return;
 #endif
   for (int j = 0; j < L; j++) {
-    int64_t slot = (int64_t)bt[j / a->page] * a->page + j % a->page;
-    const bf16 *k = a->k_cache + slot * row + (int64_t)g * D;
+    const bf16 *k = kv_at(a->k_cache, bt, a->page, row, j, g, D);
     for (int h = 0; h < G; h++) s[h * L + j] = a->scale * dot_qk(q + h * D, k, D);
   }
   for (int h = 0; h < G; h++) {
@@ -1096,8 +1097,7 @@ static void attend_row(const bf16_attn *a, int r, int b, int g, float *s, float 
   }
   memset(o, 0, sizeof(float) * (size_t)G * D);
   for (int j = 0; j < L; j++) {
-    int64_t slot = (int64_t)bt[j / a->page] * a->page + j % a->page;
-    const bf16 *v = a->v_cache + slot * row + (int64_t)g * D;
+    const bf16 *v = kv_at(a->v_cache, bt, a->page, row, j, g, D);
     for (int h = 0; h < G; h++) axpy_v(o + h * D, s[h * L + j], v, D);
   }
   bf16 *dst = a->out + (int64_t)r * a->H * D + (int64_t)g * G * D;
@@ -1177,15 +1177,15 @@ static void pack_kv(const bf16_prefill *a, int seq, int g, bf16 *kp, bf16 *vp) {
   memset(kp, 0, sizeof(bf16) * (size_t)NBk * D2 * 32);
   memset(vp, 0, sizeof(bf16) * (size_t)NBd * L2 * 32);
   for (int j = 0; j < L; j++) { /* key j: K column j, its (d, d + 1) pairs as 32-bit words */
-    const bf16 *kr = a->k_cache + ((int64_t)bt[j / a->page] * a->page + j % a->page) * row + (int64_t)g * D;
+    const bf16 *kr = kv_at(a->k_cache, bt, a->page, row, j, g, D);
     bf16 *kd = kp + ((int64_t)(j / CB) * D2 * CB + j % CB) * 2;
     int d = 0;
     for (; d + 2 <= D; d += 2) memcpy(kd + (int64_t)(d / 2) * 32, kr + d, 4);
     if (d < D) kd[(int64_t)(d / 2) * 32] = kr[d];
   }
   for (int j = 0; j < L; j += 2) { /* keys j, j + 1: V^T's k pair j / 2, 16 columns at a time */
-    const bf16 *v0 = a->v_cache + ((int64_t)bt[j / a->page] * a->page + j % a->page) * row + (int64_t)g * D;
-    const bf16 *v1 = j + 1 < L ? a->v_cache + ((int64_t)bt[(j + 1) / a->page] * a->page + (j + 1) % a->page) * row + (int64_t)g * D : NULL;
+    const bf16 *v0 = kv_at(a->v_cache, bt, a->page, row, j, g, D);
+    const bf16 *v1 = j + 1 < L ? kv_at(a->v_cache, bt, a->page, row, j + 1, g, D) : NULL;
     for (int db = 0; db < NBd; db++) {
       bf16 *dst = vp + ((int64_t)db * L2 + j / 2) * 32;
       int d0 = db * CB;
