@@ -254,6 +254,32 @@ def test_thread_choice_measures_both_then_keeps_the_faster_and_explores():
     assert tc.pick(1) == 2
 
 
+def test_thread_choice_max_first_tries_the_other_only_after_explore_steps():
+    """A prefill class (``max_first``): all threads first, and one thread only after ``explore``
+    more steps of the class, so that a server's second prompt of a size is not run on one thread
+    (twice the time to first token); then the usual choice, class by class."""
+    tc = kb.ThreadChoice(2, explore=4, max_first=True)
+    cost = {1: 0.030, 2: 0.010}
+    seen = []
+    for _ in range(8):
+        t = tc.pick(128)
+        seen.append(t)
+        tc.record(128, t, cost[t])
+    assert seen[:6] == [2, 2, 2, 2, 2, 1]  # measured: 2, then 4 steps, then the other once
+    assert seen[6:] == [2, 2] and set(tc._avg) == {(8, 1), (8, 2)}
+    assert tc.pick(512) == 2  # another class starts over
+    tc.record(512, 2, 0.04)
+    assert tc.pick(512) == 2
+    cost = {1: 0.005, 2: 0.010}  # one thread faster (a loaded machine): found when it is tried
+    tc2 = kb.ThreadChoice(2, explore=4, max_first=True)
+    picks = []
+    for _ in range(8):
+        t = tc2.pick(64)
+        picks.append(t)
+        tc2.record(64, t, cost[t])
+    assert picks == [2, 2, 2, 2, 2, 1, 1, 1]
+
+
 def test_thread_choice_explores_a_far_slower_candidate_less_often():
     """Each exploring step costs the other candidate's extra time (ratio - 1 steps), so it comes
     every 4 x ``explore`` x (ratio - 1) steps: about 1 / (4 x ``explore``) of the time, within

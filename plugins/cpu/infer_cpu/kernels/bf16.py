@@ -131,8 +131,10 @@ class ThreadChoice:
     candidate (1 or ``max_threads``) with the lower moving average of measured step time, and
     now and then the other one. On a shared machine a thread that another process keeps off its
     core holds up every job it has taken, so one thread can be the faster. ``fixed`` > 0 always
-    answers that count. ``max_first``: measure ``max_threads`` first (large jobs, such as a
-    prefill, whose first call should not be the slow one).
+    answers that count. ``max_first``: measure ``max_threads`` first and the other only after
+    ``explore`` more steps of the class (large jobs, such as a prefill, where an early call on one
+    thread is a request's time to first token at twice the usual: a server's second prompt of a
+    size should not be the slow one).
 
     Exploring: the other candidate now and then, so that a class spends about 1 / (4 x
     ``explore``) of its time on it. An exploring step costs the other's extra time (ratio - 1
@@ -149,6 +151,7 @@ class ThreadChoice:
         self.candidates = [1] if max_threads <= 1 else [1, max_threads]
         if max_first:
             self.candidates.reverse()
+        self.max_first = max_first
         self.fixed, self.explore = fixed, explore
         self._avg: dict[tuple[int, int], float] = {}  # (class, threads) -> seconds per step
         self._since: dict[int, int] = {}  # steps of a class since its last exploring step
@@ -160,6 +163,11 @@ class ThreadChoice:
         c = batch.bit_length()
         untried = [t for t in self.candidates if (c, t) not in self._avg]
         if untried:
+            if self.max_first and len(untried) < len(self.candidates):
+                since = self._since[c] = self._since.get(c, 0) + 1
+                if since <= self.explore:
+                    return self.candidates[0]
+                self._since[c] = 0
             return untried[0]
         best = min(self.candidates, key=lambda t: self._avg[(c, t)])
         other = next((t for t in self.candidates if t != best), best)
