@@ -1380,10 +1380,31 @@ void infer_bf16_prefill_attention(const bf16 *q, int64_t q_stride, const bf16 *k
 
 /* ---- row ops of the decode step (float32 residual stream) ---- */
 
+/* sum x[i]^2 over [0, n): in 16 (AVX-512) or 8 (AVX2) lane-wise float32 sums, added together
+ * at the end, then the tail in order. A fixed order for a given n (so a row's bits do not depend
+ * on the batch); one chain of n adds (4 cycles each: 2,300 cycles a 576-wide row, 3-4 % of a
+ * 128-token bf16 prefill) becomes n / 16 fused multiply-adds. */
+static inline float sum_sq(const float *x, int n) {
+  int i = 0;
+  float ss = 0.f;
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(x + i), acc);
+  ss = _mm512_reduce_add_ps(acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(x + i), acc);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  ss = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+#endif
+  for (; i < n; i++) ss += x[i] * x[i];
+  return ss;
+}
+
 /* o = w * x / sqrt(mean(x^2) + eps) -> the next GEMM's activation row. */
 static void rms_act_row(const float *x, const float *w, int dim, float eps, float *tmp, act_t *o) {
-  float ss = 0.f;
-  for (int i = 0; i < dim; i++) ss += x[i] * x[i];
+  float ss = sum_sq(x, dim);
   float r = 1.f / sqrtf(ss / (float)dim + eps);
   for (int i = 0; i < dim; i++) tmp[i] = w[i] * (x[i] * r);
   act_row(tmp, 0, dim, o);
