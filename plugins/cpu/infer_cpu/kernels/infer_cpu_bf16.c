@@ -1012,8 +1012,7 @@ static inline __attribute__((always_inline)) void attend_regs(const bf16_attn *a
   }
   float inv[4];
   for (int h = 0; h < G; h++) {
-    float *sh = s + h * L, mx = -INFINITY;
-    for (int j = 0; j < L; j++) mx = sh[j] > mx ? sh[j] : mx;
+    float *sh = s + h * L, mx = vm_max(sh, L);
     inv[h] = 1.f / vm_exp_sub(sh, L, a->scale, mx * a->scale);
     for (int c = 0; c < NC; c++) acc[h][c] = _mm512_setzero_ps();
   }
@@ -1089,8 +1088,7 @@ static void attend_row(const bf16_attn *a, int r, int b, int g, float *s, float 
     for (int h = 0; h < G; h++) s[h * L + j] = a->scale * dot_qk(q + h * D, k, D);
   }
   for (int h = 0; h < G; h++) {
-    float mx = -INFINITY, sum = 0.f, *sh = s + h * L;
-    for (int j = 0; j < L; j++) mx = sh[j] > mx ? sh[j] : mx;
+    float *sh = s + h * L, mx = vm_max(sh, L), sum = 0.f;
     sum = vm_exp_sub(sh, L, 1.f, mx);
     float inv = 1.f / sum;
     for (int j = 0; j < L; j++) sh[j] *= inv;
