@@ -4,13 +4,15 @@ alternating, in one run.
 
     python benchmarks/cpu_bf16_decode_micro.py --rev 95f99ae [--batch 1 32] [--context 160]
                                                [--threads 1 2] [--rounds 2] [--mixed N]
-                                               [--prefill L]
+                                               [--prefill L] [--check-bits]
 
 SmolLM2-135M's shapes (30 layers, hidden 576, 9 query / 3 KV heads of 64, MLP 1536, vocabulary
 49,152) with random bf16 weights and a random bf16 KV cache of ``--context`` tokens per sequence
 (+-8), pages of 16. Each (library, batch, threads) point is the best of 12 steps; rounds
 alternate the libraries. Prints step time and rows per second, and the load average. No model
-files and no engine: what changes between the libraries is the C code only.
+files and no engine: what changes between the libraries is the C code only. ``--check-bits``: per
+batch, one step of each library from the same weights, caches and rows, and whether their logits
+are the same bits (for a change meant to keep every value).
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ class Stack:
         logits of the rows ``rows``."""
         import torch
 
-        logits = torch.empty(rows.shape[0], VOCAB)
+        logits = self.logits_out = torch.empty(rows.shape[0], VOCAB)
         t = time.perf_counter()
         fn(self.table, LAYERS, h.data_ptr(), h.shape[0], HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER,
            1e-5, pos.data_ptr(), self.cos_sin.data_ptr(), HEAD_DIM, slots.data_ptr(),
@@ -158,6 +160,8 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=0, metavar="L",
                     help="time prefill steps instead: every one of the batch's sequences an "
                          "L-token prompt (infer_bf16_forward_layers; tok/s counts prompt tokens)")
+    ap.add_argument("--check-bits", action="store_true",
+                    help="also compare one step's logits of the two libraries, bit for bit")
     args = ap.parse_args()
     if args.mixed and args.prefill:
         raise SystemExit("--mixed and --prefill are two different steps: give one")
@@ -172,6 +176,25 @@ def main() -> None:
         for fn in libs.values():
             fn.argtypes = kb.SIGNATURES[name]
             fn.restype = None
+        if args.check_bits:
+            import torch
+
+            for batch in args.batch:
+                outs = []
+                for fn in libs.values():
+                    stack = Stack(batch, args.context)
+                    torch.manual_seed(0)  # the mixed step's new rows
+                    if args.mixed:
+                        stack.mixed_step(fn, 2, args.mixed)
+                    elif args.prefill:
+                        stack.prefill_step(fn, 2, args.prefill)
+                    else:
+                        stack.step(fn, 2)
+                    outs.append(stack.logits if not (args.mixed or args.prefill)
+                                else stack.logits_out)
+                same = torch.equal(outs[0].view(torch.int32), outs[1].view(torch.int32))
+                print(f"batch {batch}: logits {'the same bits' if same else 'DIFFER'} "
+                      f"(largest difference {(outs[0] - outs[1]).abs().max().item():.3g})")
         best: dict[tuple, float] = {}
         print(f"load average before: {os.getloadavg()[0]:.2f}")
         for batch in args.batch:
