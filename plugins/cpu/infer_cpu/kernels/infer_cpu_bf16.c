@@ -235,6 +235,19 @@ static void act_row(const void *x, int x_bf16, int K, act_t *o) {
 #endif
 }
 
+/* o[0, n) = x[0, n) rounded to bf16 as f32_to_bf16 rounds (act_t: the bf16 bits, or without
+ * BF16_DP the rounded float32): bf16x16_pack 16 at a time (not act_row's vcvtneps2bf16, which
+ * reads subnormal inputs as zero), then the tail. */
+static inline void round_row(const float *x, int n, act_t *o) {
+  int i = 0;
+#ifdef BF16_DP
+  for (; i + 16 <= n; i += 16) _mm256_storeu_si256((__m256i *)(o + i), bf16x16_pack(_mm512_loadu_ps(x + i)));
+  for (; i < n; i++) o[i] = f32_to_bf16(x[i]);
+#else
+  for (; i < n; i++) o[i] = bf16_to_f32(f32_to_bf16(x[i]));
+#endif
+}
+
 /* Store 16 float32 outputs v (+ bias) at y[0 .. cols) as float32 or bf16, cols <= 16. */
 static inline void store16(float *v, const float *bias, int cols, void *y, int y_bf16) {
   for (int c = 0; c < cols; c++) {
@@ -1248,18 +1261,11 @@ static void prefill_unit(const bf16_prefill *a, int seq, int g, int t0, int t1, 
   gemm_blocks(w->qa, 2 * D2, M, D2, kp, NULL, L, 0, NBk, w->s, L, 0);
   for (int r = 0; r < M; r++) {
     int seen = prefix + t0 + r / G + 1; /* causal: keys 0 .. own position */
-    float *sr = w->s + (int64_t)r * L, mx = scale_max(sr, seen, a->scale), sum = 0.f;
-    sum = vm_exp_sub(sr, seen, 1.f, mx);
+    float *sr = w->s + (int64_t)r * L;
+    float sum = vm_exp_sub(sr, seen, 1.f, scale_max(sr, seen, a->scale));
     act_t *pr = w->pa + (int64_t)r * 2 * L2;
-    int j = 0;
-#ifdef BF16_DP
-    for (; j + 16 <= seen; j += 16) /* f32_to_bf16's bits, 16 at a time */
-      _mm256_storeu_si256((__m256i *)(pr + j), bf16x16_pack(_mm512_loadu_ps(sr + j)));
-    for (; j < seen; j++) pr[j] = f32_to_bf16(sr[j]);
-#else
-    for (; j < seen; j++) pr[j] = bf16_to_f32(f32_to_bf16(sr[j]));
-#endif
-    for (j = seen; j < 2 * L2; j++) pr[j] = 0;
+    round_row(sr, seen, pr);
+    for (int j = seen; j < 2 * L2; j++) pr[j] = 0;
     sr[0] = 1.f / sum; /* the row's scores are spent: keep its normaliser there */
   }
   gemm_blocks_ps(w->pa, 2 * L2, M, L2, vp, vps, NULL, D, 0, NBd, w->o, D, 0);
@@ -1622,14 +1628,7 @@ static void dec_mlp_unit(void *p, int u, int worker) {
     const float *g = j->gu + (int64_t)m * 2 * I;
     vm_silu_mul(g + c0, g + I + c0, tmp + c0, c1 - c0);
     act_t *dst = j->down + m * j->as;
-#ifdef BF16_DP
-    int i = c0;
-    for (; i + 16 <= c1; i += 16) /* bf16x16_pack: f32_to_bf16's bits, 16 at a time */
-      _mm256_storeu_si256((__m256i *)(dst + i), bf16x16_pack(_mm512_loadu_ps(tmp + i)));
-    for (; i < c1; i++) dst[i] = f32_to_bf16(tmp[i]);
-#else
-    for (int i = c0; i < c1; i++) dst[i] = bf16_to_f32(f32_to_bf16(tmp[i]));
-#endif
+    round_row(tmp + c0, c1 - c0, dst + c0);
     if ((I & 1) && c1 == I) dst[I] = 0; /* the odd tail's pad */
   }
 }
