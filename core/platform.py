@@ -109,6 +109,12 @@ class Platform:
         blocks until the copy landed, or is None when the copy is already done."""
         return t.cpu(), None
 
+    def greedy_ids(self, logits: Any) -> Any:
+        """Greedy sampling's ids: ``logits [B, V] -> [B]`` int64, exactly ``logits.argmax(dim=-1)``
+        (the first maximum; a NaN counts as the maximum). Platforms with a faster kernel for it
+        override this; the result must not differ."""
+        return logits.argmax(dim=-1)
+
     def gguf_kv_dtype(self, model_dtype: Any) -> Any:
         """The KV cache dtype of a GGUF file served under ``--dtype auto`` and ``--kv-cache-dtype
         auto`` ("the model's dtype"; a GGUF file has none of its own). The model runs

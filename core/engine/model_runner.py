@@ -339,7 +339,7 @@ class ModelRunner:
         or ids + logprobs (+ top-k ids and logprobs) packed into one float64 matrix."""
         reqs = step.reqs
         if all(self._plain_greedy(r) for r in reqs):  # fast path: no per-row inputs at all
-            ids = logits.argmax(dim=-1)
+            ids = self.platform.greedy_ids(logits)
             return ids, ids
         out = sample(logits, self.sampling_tensors(reqs))
         if out.logprobs is None:

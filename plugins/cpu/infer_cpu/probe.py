@@ -107,6 +107,15 @@ class CpuPlatform(Platform):
         self._share = local_world_size
         torch.set_num_threads(max(1, _usable_cores() // local_world_size))
 
+    def greedy_ids(self, logits: Any) -> Any:
+        """The native argmax (``infer_cpu.kernels.argmax_rows``) where it takes the logits: 32
+        rows of SmolLM2's vocabulary in a fraction of a millisecond, where torch's argmax took
+        3.8 ms of a 35-50 ms decode step (5 % of the bf16 engine's samples at 32 clients)."""
+        from infer_cpu import kernels
+
+        ids = kernels.argmax_rows(logits)
+        return ids if ids is not None else logits.argmax(dim=-1)
+
     def gguf_kv_dtype(self, model_dtype: Any) -> Any:
         """An fp16 cache for a GGUF file's float32 model where the native attention reads it
         (``infer_cpu.kernels``: widened exactly as loaded, F16C). Half the bytes of a float32

@@ -279,3 +279,63 @@ def test_int16_codes_are_finer_than_int8():
     err = {p: ((kernels.fgemm(x, w.with_activations(p)).double() - want).norm() / want.norm()).item()
            for p in ("int8", "int16")}
     assert err["int16"] < 1e-4 < err["int8"] < 3e-2 and err["int16"] < err["int8"] / 100, err
+
+
+def _argmax_rows() -> list[tuple[torch.Tensor, list[int] | None]]:
+    """Rows for greedy sampling's argmax, each with the indices torch.argmax gives (None: random
+    rows, checked against torch only). The special values sit in vector bodies and in tails."""
+    g = torch.Generator().manual_seed(0)
+    cases: list[tuple[torch.Tensor, list[int] | None]] = []
+    for n in (1, 7, 8, 9, 15, 16, 17, 33, 100, 4099):
+        cases.append((torch.randn(3, n, generator=g), None))
+    nan, inf = float("nan"), float("inf")
+
+    def row(n: int, fill: float, at: dict[int, float]) -> torch.Tensor:
+        r = torch.full((n,), fill)
+        for i, v in at.items():
+            r[i] = v
+        return r
+
+    special = [  # (row, expected)
+        (row(100, 0.0, {37: 5.0, 3: 5.0, 90: 5.0}), 3),        # ties: the first one
+        (row(100, 0.0, {99: 5.0, 98: 5.0}), 98),                 # ties in the tail
+        (row(40, 1.0, {}), 0),                                    # all equal
+        (row(40, -inf, {}), 0),                                   # all -inf
+        (row(40, 0.0, {20: inf, 5: inf, 6: 3.0}), 5),             # +inf twice
+        (row(100, 0.0, {10: 9.0, 50: nan}), 50),                  # NaN after the maximum wins
+        (row(100, 0.0, {10: 9.0, 98: nan}), 98),                  # NaN in the tail
+        (row(100, 0.0, {70: nan, 30: nan, 10: 9.0}), 30),         # the first NaN
+        (row(33, -1.0, {5: -0.0, 3: 0.0}), 3),                    # -0 and +0 are equal
+        (row(33, -1.0, {9: 0.0, 2: -0.0}), 2),
+        (row(35, -2.0, {34: -1.0}), 34),                          # the last element
+    ]
+    cases += [(r[None], [e]) for r, e in special]
+    wide = torch.randn(4, 300, generator=g)
+    cases.append((wide[:, :257], None))  # rows with a stride wider than they are
+    return cases
+
+
+def _lib_argmax(lib: ctypes.CDLL, x: torch.Tensor) -> torch.Tensor:
+    out = torch.full((x.shape[0],), -1, dtype=torch.int64)
+    lib.infer_argmax_rows(x.data_ptr(), x.stride(0), x.shape[0], x.shape[1], out.data_ptr())
+    return out
+
+
+@pytest.mark.parametrize("build", ["native", *BUILDS])
+def test_argmax_rows_is_torch_argmax(builds, build):
+    """The native greedy argmax (``kernels.argmax_rows``, ``CpuPlatform.greedy_ids``) in every
+    build gives exactly torch.argmax's ids: first maxima, NaN above everything, -0 == +0."""
+    from infer_cpu.probe import CpuPlatform
+
+    if build != "native" and build not in builds:
+        pytest.skip(f"this CPU does not run the {build} build")
+    for x, expected in _argmax_rows():
+        want = x.argmax(dim=-1)
+        if expected is not None:
+            assert want.tolist() == expected  # what torch does, stated
+        got = kernels.argmax_rows(x) if build == "native" else _lib_argmax(builds[build], x)
+        assert got is not None and torch.equal(got, want), (x.shape, got, want)
+    x = torch.randn(2, 9)
+    assert torch.equal(CpuPlatform.greedy_ids(None, x), x.argmax(dim=-1))  # type: ignore[arg-type]
+    assert kernels.argmax_rows(x.double()) is None  # not float32 rows: torch's
+    assert kernels.argmax_rows(x.t()) is None

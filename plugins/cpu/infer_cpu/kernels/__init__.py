@@ -61,6 +61,7 @@ _SIGNATURES = {
     "infer_rms_norm": [_P, _L, _P, _L, _P, _P, _P, _I, _I, _F],
     "infer_rope": [_P, _P, _L, _I, _P, _L, _I, _I, _I, _I, _P],
     "infer_silu_mul": [_P, _L, _P, _I, _I],
+    "infer_argmax_rows": [_P, _L, _I, _I, _P],
     "infer_paged_decode": [_P, _L, _P, _L, _P, _L, _P, _P, _P, _P, _L, _P, _P, _I, _I, _I, _I,
                            _I, _F, _I],
     "infer_decode_layers": [ctypes.POINTER(Layer), _I, _P, _I, _I, _I, _I, _I, _I, _F, _P, _P, _I,
@@ -289,6 +290,18 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor | None:
     t, i = x.shape[0], x.shape[1] // 2
     out = torch.empty(t, i, dtype=torch.float32)
     lib.infer_silu_mul(x.data_ptr(), x.stride(0), out.data_ptr(), t, i)
+    return out
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor | None:
+    """logits [B, V] float32 -> int64 [B], what ``logits.argmax(dim=-1)`` gives (the first NaN,
+    else the first maximum); None if it does not fit (the caller uses torch)."""
+    lib = _state["lib"] if "lib" in _state else load()
+    if lib is None or not _f32_rows(logits) or 0 in logits.shape:
+        return None
+    out = torch.empty(logits.shape[0], dtype=torch.int64)
+    lib.infer_argmax_rows(logits.data_ptr(), logits.stride(0), logits.shape[0], logits.shape[1],
+                          out.data_ptr())
     return out
 
 
