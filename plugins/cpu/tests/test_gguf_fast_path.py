@@ -5,6 +5,7 @@ file: same greedy continuations for the first tokens."""
 from __future__ import annotations
 
 import collections
+import functools
 
 import pytest
 
@@ -13,8 +14,51 @@ pytestmark = pytest.mark.slow
 CHATS = ["What is the capital of France?", "Write a haiku about the sea."]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _parse_gguf_once():
+    """Every load here reads the same GGUF file, and a load parses its header (the tokenizer's
+    49k-entry metadata) up to three times (the checkpoint, the config, the tokenizer): about 3 s
+    a parse on a 2-core machine. The parse (gguf.GGUFReader, read-only memory map) is shared
+    across this module's loads; everything after it (config, weights, packing, the settings under
+    test) still runs in each load."""
+    import gguf
+
+    parse = functools.lru_cache(maxsize=4)(gguf.GGUFReader)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf, "GGUFReader", lambda path, mode="r": parse(str(path), mode))
+        yield
+    parse.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def float32_reference():
+    """``reference(greedy)``: (prompts, greedy continuations) of the exact float32 path on the
+    default model, the one reference both fast paths are compared with: built by the first
+    caller (before it turns any kernel off) and kept for the module."""
+    cache = []
+
+    def reference(greedy):
+        if not cache:
+            from infer.core.config import ServerArgs
+            from infer.core.engine.engine_core import EngineCore
+            from infer.core.model.loader.default_model import ensure_default_model
+
+            path = str(ensure_default_model(quiet=True))
+            exact = EngineCore(ServerArgs(model_path=path, dtype="float32"))
+            assert exact.loaded.ctx.quantization is None
+            tok = exact.tokenizer
+            prompts = [tok.apply_chat_template([{"role": "user", "content": c}],
+                                               add_generation_prompt=True, tokenize=True,
+                                               return_dict=True)["input_ids"] for c in CHATS]
+            cache.append((prompts, greedy(exact, prompts, 12)))
+        return cache[0]
+
+    return reference
+
+
 @pytest.mark.parametrize("native", [True, False], ids=["native", "torch-int4"])
-def test_default_gguf_takes_fast_path_and_agrees_with_float32(native, monkeypatch, greedy):
+def test_default_gguf_takes_fast_path_and_agrees_with_float32(native, monkeypatch, greedy,
+                                                              float32_reference):
     from infer.core.config import ServerArgs
     from infer.core.engine.engine_core import EngineCore
     from infer.core.model.loader.default_model import ensure_default_model
@@ -22,6 +66,7 @@ def test_default_gguf_takes_fast_path_and_agrees_with_float32(native, monkeypatc
 
     if native and kernels.load() is None:
         pytest.skip(f"native kernels unavailable: {kernels.status().detail}")
+    prompts, ref = float32_reference(greedy)
     if not native:
         monkeypatch.setattr(kernels, "_state", {"lib": None, "detail": "off for this test"})
     path = str(ensure_default_model(quiet=True))
@@ -32,13 +77,7 @@ def test_default_gguf_takes_fast_path_and_agrees_with_float32(native, monkeypatc
     assert kinds == {("native" if native else "int4"): 120}
     assert fast.loaded.model.lm_head.quant_apply is not None
     tok = fast.tokenizer
-    prompts = [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True,
-                                       tokenize=True, return_dict=True)["input_ids"] for c in CHATS]
     got = greedy(fast, prompts, 12)
-    del fast
-    exact = EngineCore(ServerArgs(model_path=path, dtype="float32"))
-    assert exact.loaded.ctx.quantization is None
-    ref = greedy(exact, prompts, 12)
     for g, r in zip(got, ref, strict=True):
         same = next((i for i, (a, b) in enumerate(zip(g, r, strict=True)) if a != b), len(r))
         assert same >= 6, f"fast {tok.decode(g)!r} vs float32 {tok.decode(r)!r}"
