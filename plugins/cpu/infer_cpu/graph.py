@@ -48,7 +48,7 @@ import torch
 from infer.core.ops.graph import GraphRunner
 
 from infer_cpu import kernels
-from infer_cpu.graph_bf16 import BF16DecodeStack, Unsupported
+from infer_cpu.graph_bf16 import BF16DecodeStack, Unsupported, embed_input
 from infer_cpu.ops.attention import query_rows
 
 log = logging.getLogger(__name__)
@@ -214,7 +214,7 @@ class NativeDecodeGraph(GraphRunner):
                 return self._bf16.run_extend(batch)
             return self._bf16.run(batch)
         model, meta = self._model, batch.attn
-        h = model.model.embed_tokens(batch.input_ids).float().contiguous()  # [B, hidden]
+        h = embed_input(model, batch.input_ids)  # [B, hidden]
         pos = batch.positions.contiguous()
         slots = meta.slot_mapping.contiguous()
         decode = meta.is_decode_only

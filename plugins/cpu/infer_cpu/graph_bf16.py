@@ -28,8 +28,23 @@ import time
 from typing import Any
 
 import torch
+from infer.core.model.layers.embedding import VocabEmbedding
 
+from infer_cpu import kernels
 from infer_cpu.kernels import bf16 as kb
+
+
+def embed_input(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
+    """The native graphs' input rows: float32 [T, hidden] embeddings of ``input_ids``. One rank's
+    plain lookup goes through ``kernels.embed_rows`` (no OpenMP region: torch's lookup and float()
+    of a 128-token prefill waited 16 ms for a busy core's thread); a vocabulary-parallel one, or
+    anything the kernel does not read, through the module."""
+    emb = model.model.embed_tokens
+    if type(emb) is VocabEmbedding and emb.tp_size == 1:
+        h = kernels.embed_rows(emb.weight, input_ids)
+        if h is not None:
+            return h
+    return emb(input_ids).float().contiguous()
 
 
 class Unsupported(Exception):
@@ -112,7 +127,7 @@ class BF16DecodeStack:
         """Decode step: embedding (torch) -> all layers, final norm and LM head (one native
         call) -> float32 logits [B, vocab]."""
         meta = batch.attn
-        h = self.model.model.embed_tokens(batch.input_ids).float().contiguous()  # [B, hidden]
+        h = embed_input(self.model, batch.input_ids)  # [B, hidden]
         pos, slots = batch.positions.contiguous(), meta.slot_mapping.contiguous()
         bt, seq_lens = meta.block_tables, meta.seq_lens.contiguous()
         if (pos.dtype != torch.int64 or slots.dtype != torch.int64 or bt.dtype != torch.int32
@@ -139,7 +154,7 @@ class BF16DecodeStack:
         (torch) -> all layers with causal attention over each sequence's keys, final norm and
         the LM head on the logit rows (one native call) -> float32 logits [N, vocab]."""
         meta = batch.attn
-        h = self.model.model.embed_tokens(batch.input_ids).float().contiguous()  # [T, hidden]
+        h = embed_input(self.model, batch.input_ids)  # [T, hidden]
         pos, slots = batch.positions.contiguous(), meta.slot_mapping.contiguous()
         bt, seq_lens = meta.block_tables, meta.seq_lens.contiguous()
         ext = torch.tensor(meta.extend_lens_cpu, dtype=torch.int32)

@@ -443,3 +443,42 @@ def test_packed_tiles_stop_at_their_memory_budget(monkeypatch, caplog):
     assert kernels.with_tiles(qw).tiles is not None
     monkeypatch.setenv("INFER_CPU_PACKED_TILES", "0")
     assert kernels.with_tiles(qw).tiles is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_embed_rows_is_the_torch_lookup(dtype):
+    """The native graphs' embedding lookup (``kernels.embed_rows``) gives F.embedding(...).float()
+    exactly, for each table dtype, a strided table and repeated ids; an id outside the table
+    raises IndexError (as torch's lookup does), and what the kernel does not read gives None."""
+    g = torch.Generator().manual_seed(5)
+    wide = (torch.randn(300, 80, generator=g) * 10).to(dtype)
+    for w in (wide, wide[:, :67]):  # a table whose rows are strided
+        ids = torch.tensor([0, 299, 7, 7, 150, 1, 298])
+        got = kernels.embed_rows(w, ids)
+        assert got is not None and got.dtype == torch.float32
+        assert torch.equal(got, F.embedding(ids, w).float())
+    assert kernels.embed_rows(wide, torch.empty(0, dtype=torch.int64)).shape == (0, 80)
+    for bad in (300, -1):
+        with pytest.raises(IndexError):
+            kernels.embed_rows(wide, torch.tensor([3, bad]))
+    assert kernels.embed_rows(wide, torch.tensor([1, 2], dtype=torch.int32)) is None
+    assert kernels.embed_rows(wide.t(), torch.tensor([1])) is None
+
+
+def test_native_graph_embedding_matches_the_module():
+    """embed_input (the native graphs' first step) against the model's own embedding module on
+    one rank; a vocabulary-parallel embedding keeps the module (its all-reduce)."""
+    from types import SimpleNamespace
+
+    from infer.core.model.layers.embedding import VocabEmbedding
+    from infer_cpu.graph_bf16 import embed_input
+
+    emb = VocabEmbedding(50, 16, SimpleNamespace(dtype=torch.bfloat16, device="cpu"))
+    emb.weight.data.copy_(torch.randn(50, 16))
+    model = SimpleNamespace(model=SimpleNamespace(embed_tokens=emb))
+    ids = torch.tensor([4, 49, 0, 4])
+    assert torch.equal(embed_input(model, ids), emb(ids).float())
+    calls = []
+    emb.tp_size = 2  # the module's path, not the kernel's
+    emb.forward = lambda x: (calls.append(x), torch.zeros(len(x), 16))[1]
+    assert torch.equal(embed_input(model, ids), torch.zeros(4, 16)) and len(calls) == 1

@@ -62,12 +62,13 @@ _SIGNATURES = {
     "infer_rope": [_P, _P, _L, _I, _P, _L, _I, _I, _I, _I, _P],
     "infer_silu_mul": [_P, _L, _P, _I, _I],
     "infer_argmax_rows": [_P, _L, _I, _I, _P],
+    "infer_embed_rows": [_P, _I, _L, _L, _P, _I, _I, _P],
     "infer_paged_decode": [_P, _L, _P, _L, _P, _L, _P, _P, _P, _P, _L, _P, _P, _I, _I, _I, _I,
                            _I, _F, _I],
     "infer_decode_layers": [ctypes.POINTER(Layer), _I, _P, _I, _I, _I, _I, _I, _I, _F, _P, _P, _I,
                             _P, _P, _L, _P, _I, _F, _P, _P, _I],
 }
-_RESTYPES = {"infer_kernels_isa": _I, "infer_decode_layers": _I, "infer_tiles_bytes": ctypes.c_size_t}
+_RESTYPES = {"infer_kernels_isa": _I, "infer_embed_rows": _L, "infer_decode_layers": _I, "infer_tiles_bytes": ctypes.c_size_t}
 
 
 @dataclass
@@ -302,6 +303,24 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor | None:
     out = torch.empty(logits.shape[0], dtype=torch.int64)
     lib.infer_argmax_rows(logits.data_ptr(), logits.stride(0), logits.shape[0], logits.shape[1],
                           out.data_ptr())
+    return out
+
+
+def embed_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor | None:
+    """float32 rows ``weight[ids]`` [T, dim] (weight float32, bf16 or fp16 [V, dim], ids int64
+    [T]), as ``F.embedding(ids, weight).float()`` gives them, without OpenMP; None if it does not
+    fit. An id outside [0, V) raises IndexError, as torch's lookup does."""
+    lib = _state["lib"] if "lib" in _state else load()
+    kind = KV_CODES.get(weight.dtype)  # the same codes: 0 float32, 1 bf16, 2 fp16
+    if (lib is None or kind is None or weight.dim() != 2 or weight.stride(1) != 1
+            or ids.dtype is not torch.int64 or ids.dim() != 1 or not _on_cpu(weight, ids)):
+        return None
+    ids = ids.contiguous()
+    out = torch.empty(ids.shape[0], weight.shape[1], dtype=torch.float32)
+    bad = lib.infer_embed_rows(weight.data_ptr(), kind, weight.stride(0), weight.shape[0],
+                               ids.data_ptr(), ids.shape[0], weight.shape[1], out.data_ptr())
+    if bad >= 0:
+        raise IndexError(f"token id {int(ids[bad])} is outside the embedding's {weight.shape[0]} rows")
     return out
 
 
