@@ -280,6 +280,26 @@ def test_thread_choice_max_first_tries_the_other_only_after_explore_steps():
     assert picks == [2, 2, 2, 2, 2, 1, 1, 1]
 
 
+def test_thread_choice_keeps_its_best_unless_the_other_is_clearly_faster():
+    """One exploring step that came out a little quicker than the best's average (noise) does
+    not move the class: the other must be below ``switch`` (0.9) times the best's average."""
+    tc = kb.ThreadChoice(2, explore=4)
+    for t, cost in ((1, 0.050), (2, 0.040)):  # both measured: two threads the faster
+        assert tc.pick(32) == t
+        tc.record(32, t, cost)
+    seen = []
+    for _ in range(8):  # one thread's exploring steps at 0.038: 5 % quicker, kept at two
+        t = tc.pick(32)
+        seen.append(t)
+        tc.record(32, t, 0.038 if t == 1 else 0.040)
+    assert seen == [2, 2, 2, 1, 2, 2, 2, 1]  # each a single look (every 4th: 4 x 4 x 0.25)
+    assert tc.pick(32) == 2
+    while (t := tc.pick(32)) != 1:  # until the next exploring step, which is clearly faster
+        tc.record(32, t, 0.040)
+    tc.record(32, 1, 0.030)
+    assert [tc.pick(32) for _ in range(2)] == [1, 1]
+
+
 def test_thread_choice_explores_a_far_slower_candidate_less_often():
     """Each exploring step costs the other candidate's extra time (ratio - 1 steps), so it comes
     every 4 x ``explore`` x (ratio - 1) steps: about 1 / (4 x ``explore``) of the time, within
