@@ -3,8 +3,9 @@ bf16 decode step, compiled on first use like ``infer_cpu_kernels.c`` (see ``nati
 a library of their own and called via ctypes.
 
 ISA paths, chosen when the library is compiled for this CPU: AMX (``tdpbf16ps`` on tiles, for the
-projections' GEMMs whose K is a multiple of 32, when Linux grants the process the tile state;
-the rest of such a CPU's work runs the AVX-512 BF16 path), AVX-512 BF16 (``vdpbf16ps``), AVX2 +
+projections' GEMMs whose K is a multiple of 32 and the prefill attention's two GEMMs, when
+Linux grants the process the tile state; the rest of such a CPU's work runs the AVX-512 BF16
+path), AVX-512 BF16 (``vdpbf16ps``), AVX2 +
 FMA (weights widened to float32), portable C. The pair-packed layout is already an AMX weight
 tile's. ``isa()`` says which one runs.
 

@@ -178,7 +178,8 @@ static int amx_on(void) {
 }
 #endif
 
-/* 4: AMX (tdpbf16ps) for the projections, AVX-512 BF16 elsewhere; 3: AVX-512 BF16 (vdpbf16ps);
+/* 4: AMX (tdpbf16ps) for the projections and the prefill attention, AVX-512 BF16 elsewhere; 3:
+ * AVX-512 BF16 (vdpbf16ps);
  * 2: AVX2 + FMA; 0: portable C. */
 int infer_bf16_isa(void) {
 #if defined(BF16_AMX)
@@ -626,7 +627,8 @@ static void gemm_blocks_amx(const bf16 *act, int64_t xs, int M, int K2, const bf
 #endif
 
 /* The projections' GEMM (act as gemm_blocks'): on AMX tiles where amx_takes(K2), else the
- * register tiles. The attention's own GEMMs (prefill) call gemm_blocks directly. */
+ * register tiles. The prefill attention's score GEMM (packed keys as the weight) takes it too;
+ * its value GEMM calls gemm_blocks_amx itself (pf_pairs pads its k pairs to whole tiles). */
 static void gemm_proj(const act_t *act, int64_t xs, int M, int K2, const bf16 *P,
                       const float *bias, int N, int b0, int b1, void *y, int64_t ys, int y_bf16) {
 #ifdef BF16_AMX
@@ -1176,12 +1178,30 @@ static void *grow(void *p, size_t *have, size_t need, size_t elem) {
   return malloc(need * elem);
 }
 
+/* The prefill attention's score and value GEMMs on AMX tiles where the CPU has them (0: on
+ * vdpbf16ps, for A/Bs). Intel Xeon with AMX, 2 threads, cpu_bf16_decode_micro.py's prefill:
+ * 1.08-1.11x a 128-token prefill, 1.32x a 512-token one. Sums in the tiles' order: the bits
+ * differ from vdpbf16ps's (within the kernel tests' bounds), a row's do not depend on the batch. */
+#ifndef PF_AMX
+#define PF_AMX 1
+#endif
+/* The k pairs the prefill attention's value GEMM reads for L keys: ceil(L / 2), rounded up to
+ * a whole AMX tile's 16 where the AMX tiles take it (the pairs past the keys are zeros in the
+ * packed values and in the probability rows). */
+static int pf_pairs(int L) {
+  int p = (L + 1) / 2;
+#ifdef BF16_AMX
+  if (PF_AMX && amx_on()) p = (p + 15) & ~15;
+#endif
+  return p;
+}
+
 /* The keys 0 .. seq_lens[seq] - 1 of KV head g packed for the two GEMMs: K as a weight of one
  * column per key over D (kp: [ceil(L / 16)][D2][16][2]), V^T as a weight of D columns over the
  * keys (vp: [NBd][L2][16][2], L2 = ceil(L / 2)); zeros past L and D. Once per (sequence, KV
  * group), shared by its query blocks. */
 static void pack_kv(const bf16_prefill *a, int seq, int g, bf16 *kp, bf16 *vp) {
-  int D = a->D, D2 = (D + 1) / 2, L = a->seq_lens[seq], L2 = (L + 1) / 2;
+  int D = a->D, D2 = (D + 1) / 2, L = a->seq_lens[seq], L2 = pf_pairs(L);
   int NBk = (L + CB - 1) / CB, NBd = (D + CB - 1) / CB;
   int64_t row = (int64_t)a->Hkv * D;
   const int32_t *bt = a->block_tables + (int64_t)seq * a->bt_stride;
@@ -1246,9 +1266,9 @@ static inline float scale_max(float *s, int n, float scale) {
 static void prefill_unit(const bf16_prefill *a, int seq, int g, int t0, int t1, pf_scratch *w,
                          const bf16 *kp, const bf16 *vp) {
   int D = a->D, G = a->H / a->Hkv, D2 = (D + 1) / 2, ext = a->ext_lens[seq];
-  int prefix = a->seq_lens[seq] - ext, L = prefix + t1, L2 = (L + 1) / 2, qn = t1 - t0;
+  int prefix = a->seq_lens[seq] - ext, L = prefix + t1, L2 = pf_pairs(L), qn = t1 - t0;
   int NBk = (L + CB - 1) / CB, NBd = (D + CB - 1) / CB, M = qn * G;
-  int64_t vps = (int64_t)((a->seq_lens[seq] + 1) / 2) * 32; /* vp's block stride: all its keys */
+  int64_t vps = (int64_t)pf_pairs(a->seq_lens[seq]) * 32; /* vp's block stride: all its keys */
   w->qa = (act_t *)grow(w->qa, &w->qa_n, (size_t)M * 2 * D2, sizeof(act_t));
   w->pa = (act_t *)grow(w->pa, &w->pa_n, (size_t)M * 2 * L2, sizeof(act_t));
   w->s = (float *)grow(w->s, &w->s_n, (size_t)M * L, sizeof(float));
@@ -1258,7 +1278,10 @@ static void prefill_unit(const bf16_prefill *a, int seq, int g, int t0, int t1, 
     for (int hh = 0; hh < G; hh++)
       act_row(a->q + (int64_t)(a->row0[seq] + t0 + tt) * a->q_stride + (int64_t)(g * G + hh) * D, 1,
               D, w->qa + (int64_t)(tt * G + hh) * 2 * D2);
-  gemm_blocks(w->qa, 2 * D2, M, D2, kp, NULL, L, 0, NBk, w->s, L, 0);
+  if (PF_AMX) /* the packed keys are a weight of L columns: AMX tiles where they take D2 */
+    gemm_proj(w->qa, 2 * D2, M, D2, kp, NULL, L, 0, NBk, w->s, L, 0);
+  else
+    gemm_blocks(w->qa, 2 * D2, M, D2, kp, NULL, L, 0, NBk, w->s, L, 0);
   for (int r = 0; r < M; r++) {
     int seen = prefix + t0 + r / G + 1; /* causal: keys 0 .. own position */
     float *sr = w->s + (int64_t)r * L;
@@ -1268,7 +1291,12 @@ static void prefill_unit(const bf16_prefill *a, int seq, int g, int t0, int t1, 
     for (int j = seen; j < 2 * L2; j++) pr[j] = 0;
     sr[0] = 1.f / sum; /* the row's scores are spent: keep its normaliser there */
   }
-  gemm_blocks_ps(w->pa, 2 * L2, M, L2, vp, vps, NULL, D, 0, NBd, w->o, D, 0);
+#ifdef BF16_AMX
+  if (PF_AMX && amx_takes(L2))
+    gemm_blocks_amx(w->pa, 2 * L2, M, L2, vp, vps, NULL, D, 0, NBd, w->o, D, 0);
+  else
+#endif
+    gemm_blocks_ps(w->pa, 2 * L2, M, L2, vp, vps, NULL, D, 0, NBd, w->o, D, 0);
   for (int tt = 0; tt < qn; tt++)
     for (int hh = 0; hh < G; hh++) {
       bf16 *dst = a->out + (int64_t)(a->row0[seq] + t0 + tt) * a->H * D + (int64_t)(g * G + hh) * D;
@@ -1334,7 +1362,7 @@ static void pf_attend(pf_job *j, int nt) {
   for (int u = 0; u < n; u++) {
     int L = pf_decode_row(j, u / a->Hkv) ? 0 : a->seq_lens[u / a->Hkv]; /* 0: not packed */
     j->kofs[u + 1] = j->kofs[u] + (int64_t)((L + CB - 1) / CB) * D2 * 32;
-    j->vofs[u + 1] = j->vofs[u] + (int64_t)NBd * ((L + 1) / 2) * 32;
+    j->vofs[u + 1] = j->vofs[u] + (int64_t)NBd * pf_pairs(L) * 32;
   }
   if ((size_t)j->kofs[n] > j->kcap) {
     free(j->kpack);
