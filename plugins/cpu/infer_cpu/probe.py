@@ -114,7 +114,7 @@ class CpuPlatform(Platform):
         from infer_cpu import kernels
 
         ids = kernels.argmax_rows(logits)
-        return ids if ids is not None else logits.argmax(dim=-1)
+        return ids if ids is not None else super().greedy_ids(logits)
 
     def gguf_kv_dtype(self, model_dtype: Any) -> Any:
         """An fp16 cache for a GGUF file's float32 model where the native attention reads it

@@ -297,7 +297,7 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor | None:
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor | None:
     """logits [B, V] float32 -> int64 [B], what ``logits.argmax(dim=-1)`` gives (the first NaN,
     else the first maximum); None if it does not fit (the caller uses torch)."""
-    lib = _state["lib"] if "lib" in _state else load()
+    lib = load()
     if lib is None or not _f32_rows(logits) or 0 in logits.shape:
         return None
     out = torch.empty(logits.shape[0], dtype=torch.int64)
@@ -310,7 +310,7 @@ def embed_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor | None:
     """float32 rows ``weight[ids]`` [T, dim] (weight float32, bf16 or fp16 [V, dim], ids int64
     [T]), as ``F.embedding(ids, weight).float()`` gives them, without OpenMP; None if it does not
     fit. An id outside [0, V) raises IndexError, as torch's lookup does."""
-    lib = _state["lib"] if "lib" in _state else load()
+    lib = load()
     kind = KV_CODES.get(weight.dtype)  # the same codes: 0 float32, 1 bf16, 2 fp16
     if (lib is None or kind is None or weight.dim() != 2 or weight.stride(1) != 1
             or ids.dtype is not torch.int64 or ids.dim() != 1 or not _on_cpu(weight, ids)):

@@ -64,10 +64,7 @@ static inline __attribute__((always_inline)) void quantize_row_blocks(
       v[j] = _mm256_loadu_ps(xb + 8 * j);
       amax = _mm256_max_ps(_mm256_andnot_ps(sign, v[j]), amax); /* NaN lanes keep amax */
     }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    float dd = _mm_cvtss_f32(m4) / qmax;
+    float dd = vm_hmax8(amax) / qmax;
     __m256 id = _mm256_set1_ps(dd != 0.f ? 1.f / dd : 0.f);
     __m256i iv[4], sum = _mm256_setzero_si256();
     for (int j = 0; j < 4; j++) {
@@ -1495,9 +1492,7 @@ static int argmax_row(const float *s, int n) {
     un = _mm256_or_ps(un, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     m = _mm256_max_ps(v, m);
   }
-  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  mx = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+  mx = vm_hmax8(m);
   nan = _mm256_movemask_ps(un) != 0;
 #endif
   for (; j < n; j++) {

@@ -117,6 +117,15 @@ static inline void vm_silu_mul(const float *g, const float *u, float *o, int n) 
   for (; i < n; i++) o[i] = vm_silu(g[i]) * u[i];
 }
 
+#ifdef __AVX2__
+/* The largest of m's 8 lanes (max_ps takes its second operand where either is NaN). */
+static inline float vm_hmax8(__m256 m) {
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  return _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+}
+#endif
+
 /* max_j s[j] over [0, n) (-inf when n is 0), NaNs skipped as `s > mx ? s : mx` skips them
  * (max_ps returns its second operand when either is NaN): any order gives the same maximum, so
  * the lanes give the scalar loop's result without its chain of dependent max ops. */
@@ -130,9 +139,7 @@ static inline float vm_max(const float *s, int n) {
 #elif defined(__AVX2__)
   __m256 m = _mm256_set1_ps(-INFINITY);
   for (; j + 8 <= n; j += 8) m = _mm256_max_ps(_mm256_loadu_ps(s + j), m);
-  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  mx = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+  mx = vm_hmax8(m);
 #endif
   for (; j < n; j++) mx = s[j] > mx ? s[j] : mx;
   return mx;
