@@ -14,11 +14,10 @@
 # graph; tp=2 with CUDA graphs = tp=2 eager = one rank; the graph runner's capture order under
 # tp), which skip with fewer than two GPUs (reported by -rs). The matrix row stays experimental on
 # CUDA until this has passed on a multi-GPU machine.
-# Pending after session 20 (session 16 ran `tests decode`, session 20 the engine-level GPU tests and
-# `profile`): the conformance kit on CUDA needs a call of its own (its attention case compiles a
-# Triton kernel per dtype, page size and KV dtype: more than 360 s), TEST_PATHS=
-# "plugins/cuda/tests/test_conformance.py plugins/cuda/tests/test_gemv.py" TEST_TIMEOUT=540 with
-# `tests`; then `decode-fp8`.
+# PYTEST_ARGS: extra pytest arguments for `tests` (the image has pytest-xdist: "-n 8" compiles the
+# conformance kit's attention tests side by side).
+# Session 27 (H200) ran the conformance kit on CUDA and `decode-fp8` (RESULTS.md). Still pending:
+# `parallel` on a machine with two or more GPUs.
 set -u
 OUT=${OUT:-/tmp/infer-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -44,7 +43,7 @@ if [[ " $SECTIONS " == *" flashinfer "* ]] && [ -f .carry/flashinfer_python-0.2.
 fi
 timeout 30 infer doctor > "$OUT/doctor.txt" 2>&1; tail -5 "$OUT/doctor.txt"
 if [[ " $SECTIONS " == *" tests "* ]]; then
-  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -v -p no:cacheprovider ${TEST_PATHS:-plugins/cuda/tests} --maxfail=15 -rs \
+  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -v -p no:cacheprovider ${TEST_PATHS:-plugins/cuda/tests} --maxfail=15 -rs ${PYTEST_ARGS:-} \
     2>&1 | tee "$OUT/pytest.log" | tail -25
 fi
 if [[ " $SECTIONS " == *" bench "* ]]; then

@@ -159,6 +159,24 @@ class ReplaysEagerly(ReplaysAtPositionZero):
         return self.mr.model(batch)
 
 
+class PadsIntoScratch(ReplaysEagerly):
+    """Correct: like a padded replay, it also writes keys/values into the scratch page 0."""
+
+    page = 0
+
+    def run(self, batch):
+        out = super().run(batch)
+        for cache in (*self.mr.kv_cache.k, *self.mr.kv_cache.v):
+            cache[self.page, 0].add_(1.0)  # one slot of every layer, as a padding row would
+        return out
+
+
+class WritesOutsideTheBatch(PadsIntoScratch):
+    """Writes a slot of page 1, which no row of the batch owns: the graph check must fail it."""
+
+    page = 1
+
+
 class DeclinesEverything(ReplaysEagerly):
     reason = "captured nothing"
 

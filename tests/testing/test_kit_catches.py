@@ -147,6 +147,11 @@ def test_graph_check_fails_a_replay_that_loses_positions(cpu_platform):
                  _target(cpu_platform))
     good = run_case(_case("graph_runner", "g", broken_ops.ReplaysEagerly), _target(cpu_platform))
     assert len(good.matched) == 2
+    padded = run_case(_case("graph_runner", "g", broken_ops.PadsIntoScratch), _target(cpu_platform))
+    assert len(padded.matched) == 2  # the scratch page is the padding rows' to write
+    with pytest.raises(ConformanceFailure, match="KV cache after replay differs"):
+        run_case(_case("graph_runner", "g", broken_ops.WritesOutsideTheBatch),
+                 _target(cpu_platform))
     declined = run_case(_case("graph_runner", "g", broken_ops.DeclinesEverything),
                         _target(cpu_platform))
     assert not declined.matched and "captured nothing" in declined.refused[0]

@@ -17,9 +17,24 @@ from __future__ import annotations
 import pytest
 import torch
 from infer.core.testing import Tolerances, conformance_test
+from infer.core.testing.conformance import KINDS
 from kernel_utils import HAS_GPU, INTERPRET, bf16_tol
 
-test_cuda_conformance = conformance_test("cuda", marks=(pytest.mark.gpu,))
+# On a GPU every attention configuration is a fresh Triton compile (session 20: the whole attention
+# case outran 360 s), so attention is split by dtype and page size into tests of their own, which
+# `pytest -n` (device_run.sh's PYTEST_ARGS) compiles in parallel; together they are the default
+# cross product (float32 and bf16, pages of 1 and 16, each with the matrix's fp8 caches).
+_GPU = (pytest.mark.gpu,)
+test_cuda_conformance = conformance_test(
+    "cuda", kinds=tuple(k for k in KINDS if k != "attention"), marks=_GPU)
+test_cuda_attention_f32_page1 = conformance_test(
+    "cuda", kinds=("attention",), dtypes=(torch.float32,), page_sizes=(1,), marks=_GPU)
+test_cuda_attention_f32_page16 = conformance_test(
+    "cuda", kinds=("attention",), dtypes=(torch.float32,), page_sizes=(16,), marks=_GPU)
+test_cuda_attention_bf16_page1 = conformance_test(
+    "cuda", kinds=("attention",), dtypes=(torch.bfloat16,), page_sizes=(1,), marks=_GPU)
+test_cuda_attention_bf16_page16 = conformance_test(
+    "cuda", kinds=("attention",), dtypes=(torch.bfloat16,), page_sizes=(16,), marks=_GPU)
 
 if not HAS_GPU and INTERPRET:
     _interpreted = {"device": "cpu", "tolerances": Tolerances(bfloat16=bf16_tol())}
