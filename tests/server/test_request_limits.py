@@ -1,4 +1,4 @@
-"""A huge request never stalls the others: size limits first, tokenisation off the event loop.
+"""A huge request never stalls the others: size limits first, long prompts tokenised off the loop.
 
 In process (the app on httpx's ASGI transport, no engine needed: every request here is refused
 before it would reach one), with a tokenizer that blocks inside ``encode`` until the test lets it
@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
+from infer.server import request_limits
 from infer.server.app import build_app
 from infer.server.errors import unavailable
 from infer.server.serving import ServerState
@@ -60,7 +61,8 @@ def _client(app) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
 
 
-def test_health_answers_while_a_prompt_is_tokenised():
+def test_health_answers_while_a_prompt_is_tokenised(monkeypatch):
+    monkeypatch.setattr(request_limits, "INLINE_CHARS", 100)  # the 400-character prompt is long
     tok = BlockingTokenizer()
 
     async def run():
@@ -76,6 +78,36 @@ def test_health_answers_while_a_prompt_is_tokenised():
     assert health.status_code == 200
     assert tok.released_by_test == [True], "/health waited for the tokenizer"
     assert big.status_code == 400 and big.json()["error"]["code"] == "context_length_exceeded"
+
+
+class ThreadRecordingTokenizer(BlockingTokenizer):
+    """Records the thread each ``encode`` ran on; never blocks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release.set()
+        self.threads: list[threading.Thread] = []
+
+    def encode(self, text, add_special_tokens=True):
+        self.threads.append(threading.current_thread())
+        return super().encode(text, add_special_tokens)
+
+
+def test_short_prompts_are_tokenised_on_the_event_loop(monkeypatch):
+    """Up to ``INLINE_CHARS`` in all, on the loop's own thread (a worker's hand-off cost more
+    than a short prompt's encode); beyond it, in a worker thread."""
+    monkeypatch.setattr(request_limits, "INLINE_CHARS", 100)
+    tok = ThreadRecordingTokenizer()
+
+    async def run(prompt):
+        async with _client(_app(tok)) as c:
+            return await c.post("/v1/completions", json={"prompt": prompt})
+
+    for prompt in ("x" * 100, ["x" * 40, "y" * 60], "x" * 101, ["x" * 60, "y" * 41]):
+        tok.threads.clear()
+        assert asyncio.run(run(prompt)).status_code == 400  # (context_length_exceeded)
+        inline = sum(map(len, [prompt] if isinstance(prompt, str) else prompt)) <= 100
+        assert tok.threads and all((t is threading.main_thread()) == inline for t in tok.threads), prompt
 
 
 def test_text_beyond_any_fit_is_refused_without_tokenising():
