@@ -1,4 +1,4 @@
-"""Bounds checked before any costly work on a request, and tokenisation off the event loop.
+"""Bounds checked before any costly work on a request, and long prompts tokenised off the loop.
 
 A request is refused before its prompt is tokenised when it cannot fit:
 

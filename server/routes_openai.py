@@ -131,7 +131,8 @@ async def completions(request: Request) -> Response:
 
 
 async def _prompts(prompt: Any, s: ServerState) -> list[tuple[list[int], str]]:
-    """(token ids, text) of each prompt; tokenising and detokenising run off the event loop."""
+    """(token ids, text) of each prompt; long texts are tokenised (``PromptEncoder``) and id
+    prompts detokenised off the event loop."""
     if isinstance(prompt, str):
         prompt = [prompt]
     if not prompt:
