@@ -270,7 +270,12 @@ static inline __attribute__((always_inline)) void tile(const act_t *x, int64_t x
     for (int b = 0; b < tb; b++) acc[m][b] = init ? _mm512_setzero_ps() : _mm512_loadu_ps(out[m][b]);
   for (int j = 0; j < K2; j++) {
     __m512i w[TB];
-    for (int b = 0; b < tb; b++) w[b] = _mm512_loadu_si512((const void *)(P + b * ps + (int64_t)j * 32));
+    for (int b = 0; b < tb; b++) {
+      w[b] = _mm512_loadu_si512((const void *)(P + b * ps + (int64_t)j * 32));
+      /* held in a register: without this GCC 12 reloads each weight vector once per row (tm
+       * loads where one does), and the loads, not the vdpbf16ps, set the pace */
+      __asm__("" : "+v"(w[b]));
+    }
     for (int m = 0; m < tm; m++) {
       int32_t pair;
       memcpy(&pair, x + m * xs + 2 * j, sizeof pair);
