@@ -5,6 +5,7 @@ alternating, in one run.
     python benchmarks/cpu_bf16_decode_micro.py --rev 95f99ae [--batch 1 32] [--context 160]
                                                [--threads 1 2] [--rounds 2] [--mixed N]
                                                [--prefill L] [--check-bits]
+                                               [--page 1 --interleave 128]
 
 SmolLM2-135M's shapes (30 layers, hidden 576, 9 query / 3 KV heads of 64, MLP 1536, vocabulary
 49,152) with random bf16 weights and a random bf16 KV cache of ``--context`` tokens per sequence
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS, VOCAB, PAGE = 576, 9, 3, 64, 1536, 30, 49152, 16
+INTERLEAVE = 0  # --interleave
 
 
 def build_rev(rev: str, out_dir: Path) -> Path:
@@ -55,7 +57,7 @@ class Stack:
             return kb.pack((torch.randn(n, k, generator=g) * k ** -0.5).bfloat16())
 
         per = (context + 8 + PAGE - 1) // PAGE
-        shape = (batch * per + 1 + 2048 // PAGE, PAGE, KV_HEADS, HEAD_DIM)  # + a 2048-token prompt
+        shape = (batch * per + 1 + batch + 2048 // PAGE, PAGE, KV_HEADS, HEAD_DIM)  # + a 2048-token prompt
         self.keep: list = []
         self.table = (kb.Layer * LAYERS)()
         for i in range(LAYERS):
@@ -70,6 +72,12 @@ class Stack:
             self.keep += [norms, ws, kc, vc]
         rng = random.Random(seed)
         self.bt = torch.arange(1, 1 + batch * per, dtype=torch.int32).view(batch, per)
+        if PAGE == 1 and INTERLEAVE:  # the engine's order: prompts in runs, then decode steps
+            n = min(INTERLEAVE, per)  # writing one slot per sequence in turn
+            i = torch.arange(per)
+            b = torch.arange(batch)[:, None]
+            self.bt = torch.where(i < n, 1 + b * n + i, 1 + batch * n + (i - n) * batch + b
+                                  ).to(torch.int32)
         self.lens = torch.tensor([context + rng.randrange(-8, 8) for _ in range(batch)],
                                  dtype=torch.int32)
         self.pos = (self.lens - 1).long()
@@ -151,6 +159,12 @@ def main() -> None:
     ap.add_argument("--rev", required=True, help="git revision of the baseline library")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--context", type=int, default=160)
+    ap.add_argument("--page", type=int, default=16,
+                    help="tokens per KV page (the engine's default is 1)")
+    ap.add_argument("--interleave", type=int, default=0, metavar="N",
+                    help="with --page 1: each sequence's first N positions in one run of slots, "
+                         "the later ones interleaved across the batch (as the engine's decode "
+                         "steps write them)")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=12)
@@ -163,6 +177,8 @@ def main() -> None:
     ap.add_argument("--check-bits", action="store_true",
                     help="also compare one step's logits of the two libraries, bit for bit")
     args = ap.parse_args()
+    global PAGE, INTERLEAVE
+    PAGE, INTERLEAVE = args.page, args.interleave
     if args.mixed and args.prefill:
         raise SystemExit("--mixed and --prefill are two different steps: give one")
 
