@@ -25,8 +25,9 @@ def _qweight(n: int, k: int, qtype: Q, seed: int):
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0])
 def test_fgemm_rows_do_not_depend_on_the_batch(qtype, precision, packed, with_threads):
     """Every activation precision alike (``INFER_CPU_ACTIVATIONS``); packed: with tiles packed at
-    load (``kernels.with_tiles``), which a call of up to 128 rows reads and a larger one does not
-    (131 rows: the per-call repack), so a row's bits must not depend on which one ran."""
+    load (``kernels.with_tiles``), which a call of 3 rows or more reads (two tiles side by side
+    from 16 rows, one from fewer) and a call of 1-2 rows does not, so a row's bits must not
+    depend on which one ran."""
     qw = _qweight(75, 576, qtype, seed=3).with_activations(precision)
     if packed:
         qw = kernels.with_tiles(qw)

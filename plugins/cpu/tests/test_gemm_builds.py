@@ -215,7 +215,7 @@ PRECISIONS = ["float32", "int16", "int8"]
 @pytest.mark.parametrize("n,k,m", CASES)
 def test_native_build_against_reference(precision, qtype, n, k, m, packed, with_threads):
     """packed: the weights' tiles packed at load (``kernels.with_tiles``), read by the integer
-    paths up to 128 rows (131: the per-call repack again, from the same weights)."""
+    paths from 3 rows on (two tiles side by side from 16 rows, where N has two whole tiles)."""
     w = _packed(_weights(n, k, qtype, seed=7 * n + k + m).with_activations(precision), packed)
     x = _activations(m, k, seed=n + m)
     bias = torch.randn(n) if n % 2 else None

@@ -206,7 +206,7 @@ def _available_memory() -> int:
 def with_tiles(w: QWeight) -> QWeight:
     """``w`` with its blocks also packed into the integer-activation GEMM's register-tile layout
     (about 1.25 bytes a weight beside the blocks' 0.56-1.06), which the GEMM then reads instead
-    of repacking the blocks on every call of 3-128 rows (``infer_cpu_kernels.c``, "Tiles
+    of repacking the blocks on every call of 3 rows or more (``infer_cpu_kernels.c``, "Tiles
     packed once"). The numbers are the same bits either way. ``w`` unchanged where this build
     does not read packed tiles for ``w.kind`` (no AVX2, float32 activations, int8 activations
     on AVX-512 VNNI), the kernels are off, ``INFER_CPU_PACKED_TILES=0``, or the live tiles of
@@ -227,7 +227,7 @@ def with_tiles(w: QWeight) -> QWeight:
             if not budget["warned"]:
                 logger.warning("packed weight tiles would pass %.0f%% of the available memory: "
                                "the layers past it repack their weights per call (the same "
-                               "numbers, slower decode steps of 3-128 rows)",
+                               "numbers, slower steps of 3 rows or more)",
                                100 * TILES_MEMORY_SHARE)
                 budget["warned"] = True
             return w

@@ -712,15 +712,14 @@ static void fgemm_rows(int kind, const float *x, int64_t x_stride, int M, int K,
  * codes (int8 codes widened) into one accumulator per weight row, the 8 reduced together, then
  * the 8 rows' float steps side by side in one vector (lane r is weight row r's chain). */
 #define IMB 256 /* activation rows per block: their codes stay in L2 across the weight tiles */
-/* Calls of TILES_MIN_M..TILES_MAX_M activation rows read a matrix's tiles packed at load, when it
- * has them (infer_pack_tiles). Measured on Zen 3 (AVX2), the default model's decode steps in the
- * engine (benchmarks/cpu_q4_graph_ab.py): 1.26x at 3 rows, 1.41x at 4, 1.25x at 8, 1.09x at 32;
- * but 0.59x at 1 row and 0.89x at 2, where the step streams the weights from memory once either
- * way and the packed bytes are 2.2x the blocks; past 128 rows (prefill) the per-call repack is
- * amortized and the packed tiles' widening loads cost as much as it saves (0.98-1.00x). */
-#ifndef TILES_MAX_M
-#define TILES_MAX_M 128
-#endif
+/* Calls of TILES_MIN_M rows or more read a matrix's tiles packed at load, when it has them
+ * (infer_pack_tiles). Measured on Zen 3 (AVX2), the default model's decode steps in the engine
+ * (benchmarks/cpu_q4_graph_ab.py): 1.26x at 3 rows, 1.41x at 4, 1.25x at 8, 1.09x at 32; but
+ * 0.59x at 1 row and 0.89x at 2, where the step streams the weights from memory once either way
+ * and the packed bytes are 2.2x the blocks. Past 128 rows (prefill) the per-call repack is
+ * amortized: 0.98-1.00x there on Zen 3, so calls of more than 128 rows repacked until session 28;
+ * on Zen 5 (AVX-512 VNNI) the packed tiles make prefill and mixed steps 1.05x, and with i8_tile2
+ * (which reads only packed tiles) 1.10-1.13x. */
 #ifndef TILES_MIN_M
 #define TILES_MIN_M 3
 #endif
@@ -1198,6 +1197,72 @@ static inline __attribute__((always_inline)) void i8_tile(int q4, int quads, int
   _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) VTW_STORE_F(out + (size_t)m * TW, acc[m]);
 }
 
+#ifdef I8_VNNI
+/* Two adjacent packed tiles (buf0: columns c .. c + TW, buf1: the next TW) against MR rows of
+ * int16 codes: per column, i8_tile's integer dots and float steps in the same order (the same
+ * bits), with each activation pair and each row's scales broadcast once for both tiles (i8_tile
+ * loads a broadcast for every product; here for every two). next: the packed tiles after buf1,
+ * two of them prefetched a slice per block. Inlined with constant q4 and MR. */
+#ifndef IMR2
+#define IMR2 6
+#endif
+static inline __attribute__((always_inline)) void i8_tile2(int q4, const uint8_t *buf0, const uint8_t *buf1,
+                                                           const char *next, const i8_act *a,
+                                                           const int16_t *x16, int m0, int MR,
+                                                           float *out0, float *out1) {
+  int nb = a->nb, K = a->K;
+  size_t tb = packed_block(), sl = packed_slice();
+  const float *dw0 = (const float *)(buf0 + (size_t)nb * tb), *mw0 = dw0 + (size_t)nb * TW;
+  const float *dw1 = (const float *)(buf1 + (size_t)nb * tb), *mw1 = dw1 + (size_t)nb * TW;
+  vtw_f acc0[IMR2], acc1[IMR2];
+  _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) acc0[m] = acc1[m] = VTW_ZERO_F();
+  for (int b = 0; b < nb; b++) {
+    const uint8_t *cb0 = buf0 + (size_t)b * tb, *cb1 = buf1 + (size_t)b * tb;
+    if (next)
+      for (size_t off = 2 * sl * b; off < 2 * sl * (b + 1); off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+    vtw_i s0[IMR2], s1[IMR2];
+    _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) s0[m] = s1[m] = VTW_ZERO_I();
+    _Pragma("GCC unroll 16") for (int g = 0; g < 16; g++) {
+      vtw_i w0 = VTW_LOAD_B(cb0 + (size_t)g * TW * 2), w1 = VTW_LOAD_B(cb1 + (size_t)g * TW * 2);
+      __asm__("" : "+v"(w0), "+v"(w1)); /* in registers: one load each, not one a row */
+      _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) {
+        vtw_i x = VTW_SET1_I(load4(x16 + (int64_t)(m0 + m) * K + (int64_t)b * QK + 2 * g));
+        s0[m] = VTW_DOT2(s0[m], w0, x);
+        s1[m] = VTW_DOT2(s1[m], w1, x);
+      }
+    }
+    vtw_f vdw0 = VTW_LOAD_F(dw0 + (size_t)b * TW), vmw0 = VTW_LOAD_F(mw0 + (size_t)b * TW);
+    vtw_f vdw1 = VTW_LOAD_F(dw1 + (size_t)b * TW), vmw1 = VTW_LOAD_F(mw1 + (size_t)b * TW);
+    _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) {
+      int64_t mb = (int64_t)(m0 + m) * nb + b;
+      vtw_f dx = VTW_SET1_F(a->d[mb]), sx = VTW_SET1_F(a->s[mb]);
+      acc0[m] = VTW_FMA(VTW_CVT(s0[m]), VTW_MUL(vdw0, dx), acc0[m]);
+      acc1[m] = VTW_FMA(VTW_CVT(s1[m]), VTW_MUL(vdw1, dx), acc1[m]);
+      if (q4) {
+        acc0[m] = VTW_FMA(vmw0, sx, acc0[m]);
+        acc1[m] = VTW_FMA(vmw1, sx, acc1[m]);
+      }
+    }
+  }
+  _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) {
+    VTW_STORE_F(out0 + (size_t)m * TW, acc0[m]);
+    VTW_STORE_F(out1 + (size_t)m * TW, acc1[m]);
+  }
+}
+
+#define I8T2(q, mr) \
+  case (mr) * 2 + (q): i8_tile2(q, buf0, buf1, next, a, x16, m0, mr, out0, out1); break;
+static void i8_tile2_any(int q4, const uint8_t *buf0, const uint8_t *buf1, const char *next,
+                         const i8_act *a, const int16_t *x16, int m0, int mr, float *out0,
+                         float *out1) {
+  switch (mr * 2 + q4) {
+    I8T2(1, 1) I8T2(0, 1) I8T2(1, 2) I8T2(0, 2) I8T2(1, 3) I8T2(0, 3)
+    I8T2(1, 4) I8T2(0, 4) I8T2(1, 5) I8T2(0, 5) I8T2(1, 6) I8T2(0, 6)
+  }
+}
+#undef I8T2
+#endif
+
 #define I8T(q, mr) \
   case (mr) * 2 + (q): i8_tile(q, QUADS, PK, buf, PK ? next : NULL, a, x16, m0, mr, out); break;
 #define I8_TILES                                                                         \
@@ -1272,7 +1337,7 @@ static void i8_gemm(int kind, const i8_act *a, int M, const void *w, const uint8
     for (int64_t i = 0; i < (int64_t)M * K; i++) t[i] = a->q[i];
     x16 = t;
   }
-  if (tiles && (M < TILES_MIN_M || M > TILES_MAX_M || quads || n0 % TW)) tiles = NULL;
+  if (tiles && (M < TILES_MIN_M || quads || n0 % TW)) tiles = NULL;
   if (M <= in_place && !tiles) { /* the blocks read in place, two activation rows at a time */
     for (int m = 0; m < M; m += 2) int_rows(kind, w, a, x16, m, M - m < 2 ? M - m : 2, n0, n1, y, y_stride);
   } else { /* weight tiles packed at load (tiles), or repacked here per call into buf */
@@ -1282,6 +1347,29 @@ static void i8_gemm(int kind, const i8_act *a, int M, const void *w, const uint8
       int me = M - mb < IMB ? M : mb + IMB;
       for (int c = n0; c < n1; c += TW) {
         int tw = n1 - c < TW ? n1 - c : TW;
+#if defined(I8_VNNI) && IMR2 <= 6
+        /* two whole packed tiles side by side, for 16 rows or more (cpu_q4_graph_ab.py on Zen 5,
+         * int16 activations, against one tile of up to 8 rows: 1.03x a 32-row decode step,
+         * 1.10-1.13x the prefill and mixed steps with the packed tiles above; at 8 rows 0.90x,
+         * so those keep the 8-row tiles; 4-row tiles of two: 0.96x at 32 rows) */
+        if (tiles && c + 2 * TW <= n1 && me - mb >= 16) {
+          const uint8_t *t0 = tiles + (size_t)(c / TW) * packed_tile_bytes(nb), *t1 = t0 + packed_tile_bytes(nb);
+          const char *next = c + 2 * TW < n1 ? (const char *)(t1 + packed_tile_bytes(nb)) : NULL;
+          float out1[IMR2 * TW];
+          int rows = me - mb, nt = (rows + IMR2 - 1) / IMR2;
+          for (int t = 0, m0 = mb; t < nt; t++) {
+            int mr = rows / nt + (t < rows % nt);
+            i8_tile2_any(q4, t0, t1, t == 0 ? next : NULL, a, x16, m0, mr, out, out1);
+            for (int m = 0; m < mr; m++) {
+              tile_row_out(y + (int64_t)(m0 + m) * y_stride + c, out + m * TW, TW);
+              tile_row_out(y + (int64_t)(m0 + m) * y_stride + c + TW, out1 + m * TW, TW);
+            }
+            m0 += mr;
+          }
+          c += TW; /* and the loop's TW */
+          continue;
+        }
+#endif
         const uint8_t *tb = buf, *next = NULL;
         if (tiles) { /* the packed tile, and the next one to prefetch */
           tb = tiles + (size_t)(c / TW) * packed_tile_bytes(nb);
