@@ -1157,101 +1157,77 @@ typedef struct {
 /* A repacked tile (buf) against MR activation rows m0.. of a: out[m] = the TW outputs of row m
  * before the bias. Quads read a's int8 codes; pairs read x16 (int16 codes [M, K]: a's own, or its
  * int8 codes widened). pk: buf is a tile packed at load (pairs of byte codes, widened to int16 as
- * they are loaded; see infer_pack_tiles). Inlined with constant q4, quads, pk and MR. */
-static inline __attribute__((always_inline)) void i8_tile(int q4, int quads, int pk, const uint8_t *buf,
+ * they are loaded; see infer_pack_tiles). NT = 2 (packed int16 pairs only, AVX-512 VNNI): buf1
+ * is the next packed tile, run side by side with buf against the same broadcasts into out1; per
+ * column the same integer dots and float steps in the same order (the same bits). Inlined with
+ * constant q4, quads, pk, NT and MR. */
+static inline __attribute__((always_inline)) void i8_tile(int q4, int quads, int pk, int NT,
+                                                          const uint8_t *buf, const uint8_t *buf1,
                                                           const char *next, const i8_act *a,
                                                           const int16_t *x16, int m0, int MR,
-                                                          float *out) {
+                                                          float *out, float *out1) {
   int nb = a->nb, K = a->K, groups = quads ? 8 : 16;
   size_t tb = pk ? packed_block() : tile_block(quads);
-  const float *dw = (const float *)(buf + (size_t)nb * tb), *mw = dw + (size_t)nb * TW;
-  vtw_f acc[IMR];
-  _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) acc[m] = VTW_ZERO_F();
+  const uint8_t *bufs[2] = {buf, buf1};
+  float *outs[2] = {out, out1};
+  vtw_f acc[2][IMR];
+  _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++)
+    _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) acc[t][m] = VTW_ZERO_F();
   for (int b = 0; b < nb; b++) {
-    const uint8_t *cb = buf + (size_t)b * tb;
-    if (next) /* a slice per block of the packed tile after this one (streamed from memory) */
-      for (size_t off = packed_slice() * b; off < packed_slice() * (b + 1); off += 64)
+    if (next) /* a slice per block of the NT packed tiles after these (streamed from memory) */
+      for (size_t off = NT * packed_slice() * b; off < NT * packed_slice() * (b + 1); off += 64)
         _mm_prefetch(next + off, _MM_HINT_T0);
-    vtw_i s[IMR];
-    _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) s[m] = VTW_ZERO_I();
+    vtw_i s[2][IMR];
+    _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++)
+      _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) s[t][m] = VTW_ZERO_I();
     _Pragma("GCC unroll 16") for (int g = 0; g < groups; g++) {
-      vtw_i wv = pk ? VTW_LOAD_B(cb + (size_t)g * TW * 2) : VTW_LOAD_I(cb + (size_t)g * TW * 4);
+      vtw_i wv[2];
+      _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++) {
+        const uint8_t *cb = bufs[t] + (size_t)b * tb;
+        wv[t] = pk ? VTW_LOAD_B(cb + (size_t)g * TW * 2) : VTW_LOAD_I(cb + (size_t)g * TW * 4);
+      }
+#ifdef I8_VNNI
+      if (NT == 2) __asm__("" : "+v"(wv[0]), "+v"(wv[1])); /* in registers: a load each, not one a row */
+#endif
       _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) {
         int64_t o = (int64_t)(m0 + m) * K + (int64_t)b * QK;
-        if (quads)
-          s[m] = VTW_DOT4(s[m], wv, VTW_SET1_I(load4(a->q + o + 4 * g)));
-        else
-          s[m] = VTW_DOT2(s[m], wv, VTW_SET1_I(load4(x16 + o + 2 * g)));
-        VTW_PIN(s[m]);
+        vtw_i x = quads ? VTW_SET1_I(load4(a->q + o + 4 * g)) : VTW_SET1_I(load4(x16 + o + 2 * g));
+        _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++) {
+          s[t][m] = quads ? VTW_DOT4(s[t][m], wv[t], x) : VTW_DOT2(s[t][m], wv[t], x);
+          VTW_PIN(s[t][m]);
+        }
       }
     }
-    vtw_f vdw = VTW_LOAD_F(dw + (size_t)b * TW), vmw = VTW_LOAD_F(mw + (size_t)b * TW);
-    _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) {
-      int64_t mb = (int64_t)(m0 + m) * nb + b;
-      vtw_i d = s[m];
-      if (quads && !q4) d = VTW_SUB_I(d, VTW_SET1_I(128 * a->sum[mb]));
-      acc[m] = VTW_FMA(VTW_CVT(d), VTW_MUL(vdw, VTW_SET1_F(a->d[mb])), acc[m]);
-      if (q4) acc[m] = VTW_FMA(vmw, VTW_SET1_F(a->s[mb]), acc[m]);
+    vtw_f vdw[2], vmw[2];
+    _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++) {
+      const float *dw = (const float *)(bufs[t] + (size_t)nb * tb), *mw = dw + (size_t)nb * TW;
+      vdw[t] = VTW_LOAD_F(dw + (size_t)b * TW);
+      vmw[t] = VTW_LOAD_F(mw + (size_t)b * TW);
     }
-  }
-  _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) VTW_STORE_F(out + (size_t)m * TW, acc[m]);
-}
-
-#ifdef I8_VNNI
-/* Two adjacent packed tiles (buf0: columns c .. c + TW, buf1: the next TW) against MR rows of
- * int16 codes: per column, i8_tile's integer dots and float steps in the same order (the same
- * bits), with each activation pair and each row's scales broadcast once for both tiles (i8_tile
- * loads a broadcast for every product; here for every two). next: the packed tiles after buf1,
- * two of them prefetched a slice per block. Inlined with constant q4 and MR. */
-#ifndef IMR2
-#define IMR2 6
-#endif
-static inline __attribute__((always_inline)) void i8_tile2(int q4, const uint8_t *buf0, const uint8_t *buf1,
-                                                           const char *next, const i8_act *a,
-                                                           const int16_t *x16, int m0, int MR,
-                                                           float *out0, float *out1) {
-  int nb = a->nb, K = a->K;
-  size_t tb = packed_block(), sl = packed_slice();
-  const float *dw0 = (const float *)(buf0 + (size_t)nb * tb), *mw0 = dw0 + (size_t)nb * TW;
-  const float *dw1 = (const float *)(buf1 + (size_t)nb * tb), *mw1 = dw1 + (size_t)nb * TW;
-  vtw_f acc0[IMR2], acc1[IMR2];
-  _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) acc0[m] = acc1[m] = VTW_ZERO_F();
-  for (int b = 0; b < nb; b++) {
-    const uint8_t *cb0 = buf0 + (size_t)b * tb, *cb1 = buf1 + (size_t)b * tb;
-    if (next)
-      for (size_t off = 2 * sl * b; off < 2 * sl * (b + 1); off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
-    vtw_i s0[IMR2], s1[IMR2];
-    _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) s0[m] = s1[m] = VTW_ZERO_I();
-    _Pragma("GCC unroll 16") for (int g = 0; g < 16; g++) {
-      vtw_i w0 = VTW_LOAD_B(cb0 + (size_t)g * TW * 2), w1 = VTW_LOAD_B(cb1 + (size_t)g * TW * 2);
-      __asm__("" : "+v"(w0), "+v"(w1)); /* in registers: one load each, not one a row */
-      _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) {
-        vtw_i x = VTW_SET1_I(load4(x16 + (int64_t)(m0 + m) * K + (int64_t)b * QK + 2 * g));
-        s0[m] = VTW_DOT2(s0[m], w0, x);
-        s1[m] = VTW_DOT2(s1[m], w1, x);
-      }
-    }
-    vtw_f vdw0 = VTW_LOAD_F(dw0 + (size_t)b * TW), vmw0 = VTW_LOAD_F(mw0 + (size_t)b * TW);
-    vtw_f vdw1 = VTW_LOAD_F(dw1 + (size_t)b * TW), vmw1 = VTW_LOAD_F(mw1 + (size_t)b * TW);
     _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) {
       int64_t mb = (int64_t)(m0 + m) * nb + b;
       vtw_f dx = VTW_SET1_F(a->d[mb]), sx = VTW_SET1_F(a->s[mb]);
-      acc0[m] = VTW_FMA(VTW_CVT(s0[m]), VTW_MUL(vdw0, dx), acc0[m]);
-      acc1[m] = VTW_FMA(VTW_CVT(s1[m]), VTW_MUL(vdw1, dx), acc1[m]);
-      if (q4) {
-        acc0[m] = VTW_FMA(vmw0, sx, acc0[m]);
-        acc1[m] = VTW_FMA(vmw1, sx, acc1[m]);
+      _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++) {
+        vtw_i d = s[t][m];
+        if (quads && !q4) d = VTW_SUB_I(d, VTW_SET1_I(128 * a->sum[mb]));
+        acc[t][m] = VTW_FMA(VTW_CVT(d), VTW_MUL(vdw[t], dx), acc[t][m]);
+        if (q4) acc[t][m] = VTW_FMA(vmw[t], sx, acc[t][m]);
       }
     }
   }
-  _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) {
-    VTW_STORE_F(out0 + (size_t)m * TW, acc0[m]);
-    VTW_STORE_F(out1 + (size_t)m * TW, acc1[m]);
-  }
+  _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++)
+    _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) VTW_STORE_F(outs[t] + (size_t)m * TW, acc[t][m]);
 }
 
+#ifdef I8_VNNI
+/* Two adjacent packed tiles of int16 pairs (columns c .. c + 2 TW) side by side: each activation
+ * pair and each row's scales broadcast once for both tiles' products (one tile loads a broadcast
+ * for every product). At most IMR2 rows (the two tiles' sums and their weights fit the registers). */
+#ifndef IMR2
+#define IMR2 6
+#endif
 #define I8T2(q, mr) \
-  case (mr) * 2 + (q): i8_tile2(q, buf0, buf1, next, a, x16, m0, mr, out0, out1); break;
+  case (mr) * 2 + (q): i8_tile(q, 0, 1, 2, buf0, buf1, next, a, x16, m0, mr, out0, out1); break;
 static void i8_tile2_any(int q4, const uint8_t *buf0, const uint8_t *buf1, const char *next,
                          const i8_act *a, const int16_t *x16, int m0, int mr, float *out0,
                          float *out1) {
@@ -1264,7 +1240,7 @@ static void i8_tile2_any(int q4, const uint8_t *buf0, const uint8_t *buf1, const
 #endif
 
 #define I8T(q, mr) \
-  case (mr) * 2 + (q): i8_tile(q, QUADS, PK, buf, PK ? next : NULL, a, x16, m0, mr, out); break;
+  case (mr) * 2 + (q): i8_tile(q, QUADS, PK, 1, buf, NULL, PK ? next : NULL, a, x16, m0, mr, out, NULL); break;
 #define I8_TILES                                                                         \
   switch (mr * 2 + q4) {                                                                 \
     I8T(1, 1) I8T(0, 1) I8T(1, 2) I8T(0, 2) I8T(1, 3) I8T(0, 3) I8T(1, 4) I8T(0, 4)      \
