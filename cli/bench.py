@@ -137,7 +137,9 @@ def serving(
     range_ratio: Annotated[float, typer.Option("--range-ratio")] = 1.0,
     request_rate: Annotated[float, typer.Option("--request-rate", help="Requests/s (Poisson); inf: all at once.")] = math.inf,
     max_concurrency: Annotated[list[int], typer.Option("--max-concurrency", help="Repeat for a sweep.")] = [],  # noqa: B006
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Prompt seed; a sweep's row i uses seed + i. Runs "
+                                         "against the same server should use different seeds, or the "
+                                         "later ones hit its prefix cache.")] = 0,
     result_file: ResultOpt = None, plot: PlotOpt = None,
     disable_tqdm: Annotated[bool, typer.Option("--disable-tqdm")] = False,
 ) -> None:
@@ -159,8 +161,10 @@ def serving(
     except Exception as exc:  # noqa: BLE001  # any connection / protocol failure ends the same way
         fail(f"--base-url {base_url}: cannot list models ({type(exc).__name__}: {exc})")
     results = []
-    for conc in max_concurrency or [None]:
-        rng = random.Random(seed)
+    for i, conc in enumerate(max_concurrency or [None]):
+        # each row of a sweep its own prompts (seed + i): a row reusing an earlier row's prompts
+        # would find them in the server's prefix cache
+        rng = random.Random(seed + i)
         reqs = random_requests(tok, sample_lengths(num_prompts, input_len, output_len, range_ratio, rng), rng)
         res = asyncio.run(run_serving(base_url, name, reqs, tok, request_rate=request_rate,
                                       max_concurrency=conc, seed=seed, progress=not disable_tqdm))

@@ -137,3 +137,50 @@ def test_run_serving_counts_tokens_and_failures(with_usage):
     assert res["completed"] == 2 and res["failed"] == 1
     assert res["total_input_tokens"] == 4 and res["total_output_tokens"] == 6
     assert res["errors"][0].startswith("HTTP 400")
+
+
+class _WordTok:
+    """A tokenizer of 50 words: ids are positions, text is space-joined words."""
+
+    words = ["the", *(f"w{i}" for i in range(49))]
+    all_special_ids: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    def decode(self, ids) -> str:
+        return " ".join(self.words[i] for i in ids)
+
+    def encode(self, text, add_special_tokens=False):
+        return [self.words.index(w) for w in text.split()]
+
+
+def test_serving_sweep_rows_draw_their_own_prompts(monkeypatch):
+    """A row of a concurrency sweep repeating an earlier row's prompts would be served from the
+    prefix cache; each row (and each --seed) draws its own."""
+    import infer.cli.bench_data as bench_data
+    import infer.cli.bench_serving as bench_serving
+    from infer.cli.main import app
+    from typer.testing import CliRunner
+
+    sent: list[list[str]] = []
+
+    async def fake_run(base_url, name, reqs, tok, **kw):
+        sent.append([r.prompt for r in reqs])
+        return {"output_throughput": 1.0, "ttft": {"median_ms": 1.0}, "itl": {"median_ms": 1.0},
+                "failed": 0, "max_concurrency": kw["max_concurrency"]}
+
+    async def fake_model(base_url):
+        return "m"
+
+    monkeypatch.setattr(bench_serving, "run_serving", fake_run)
+    monkeypatch.setattr(bench_serving, "served_model", fake_model)
+    monkeypatch.setattr(bench_data, "load_tokenizer", lambda path: _WordTok())
+    args = ["bench", "serving", "--num-prompts", "4", "--input-len", "8", "--output-len", "2",
+            "--disable-tqdm"]
+    for extra in (["--max-concurrency", "1", "--max-concurrency", "2"], ["--seed", "1"]):
+        res = CliRunner().invoke(app, args + extra)
+        assert res.exit_code == 0, res.output
+    assert len(sent) == 3 and all(len(p) == 4 for p in sent)
+    assert not set(sent[0]) & set(sent[1])  # the sweep's two rows
+    assert sent[2] == sent[1]  # --seed 1 is the sweep's second row: reproducible
