@@ -7,7 +7,6 @@ import json
 import math
 import random
 
-import httpx
 import numpy as np
 import pytest
 from hypothesis import given
@@ -111,32 +110,65 @@ class _Tok:
         return text.split()
 
 
-def _sse(handler_tokens, with_usage):
-    def handler(request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
+async def _sse_server(tokens: list[str], with_usage: bool):
+    """A local SSE server of the completions shape (aiohttp's own, on a free port): each request
+    streams its first max_tokens of ``tokens``, one chunk each; max_tokens 999 gets a 400."""
+    from aiohttp import web
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
         if body["max_tokens"] == 999:
-            return httpx.Response(400, json={"error": {"message": "bad"}})
+            return web.json_response({"error": {"message": "bad"}}, status=400)
         assert body["stream"] and body["ignore_eos"]
-        lines = [f"data: {json.dumps({'choices': [{'text': t}]})}\n\n"
-                 for t in handler_tokens[: body["max_tokens"]]]
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for t in tokens[: body["max_tokens"]]:
+            await resp.write(f"data: {json.dumps({'choices': [{'text': t}]})}\n\n".encode())
         if with_usage:
             usage = {"completion_tokens": body["max_tokens"], "prompt_tokens": 1}
-            lines.append(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n")
-        lines.append("data: [DONE]\n\n")
-        return httpx.Response(200, content="".join(lines).encode(),
-                              headers={"content-type": "text/event-stream"})
-    return handler
+            await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    return runner, f"http://{host}:{port}"
 
 
 @pytest.mark.parametrize("with_usage", [True, False])
 def test_run_serving_counts_tokens_and_failures(with_usage):
     reqs = [BenchRequest("p", [1, 2, 3], 4), BenchRequest("q", [1], 2), BenchRequest("r", [1], 999)]
-    transport = httpx.MockTransport(_sse(["a ", "b ", "c ", "d "], with_usage))
-    res = asyncio.run(run_serving("http://bench.invalid", "m", reqs, _Tok(), max_concurrency=2,
-                                  progress=False, transport=transport))
+
+    async def go():
+        runner, url = await _sse_server(["a ", "b ", "c ", "d "], with_usage)
+        try:
+            return await run_serving(url, "m", reqs, _Tok(), max_concurrency=2, progress=False)
+        finally:
+            await runner.cleanup()
+
+    res = asyncio.run(go())
     assert res["completed"] == 2 and res["failed"] == 1
     assert res["total_input_tokens"] == 4 and res["total_output_tokens"] == 6
     assert res["errors"][0].startswith("HTTP 400")
+    assert res["itl"]["max_ms"] >= 0 and res["ttft"]["min_ms"] > 0
+
+
+def test_run_serving_reports_a_dead_server_as_failures():
+    """Nothing listening: every request fails with the connection error, none hangs."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again below: a port nobody listens on
+    res = asyncio.run(run_serving(f"http://127.0.0.1:{port}", "m", [BenchRequest("p", [1], 2)],
+                                  _Tok(), max_concurrency=1, progress=False, timeout_s=10))
+    assert res["completed"] == 0 and res["failed"] == 1
+    assert "Connect" in res["errors"][0]
 
 
 class _WordTok:
