@@ -27,10 +27,19 @@ def serve(model: Annotated[Optional[str], typer.Argument(
           *, server_args: ServerArgs) -> None:
     """Serve a model over HTTP (OpenAI-compatible API). Takes every SGLang server flag."""
     # MODEL arrives as server_args.model_path (with_server_flags consumes it, as a user setting)
+    from infer.core.engine import gc_watch
+
+    gc_watch.pause_for_startup()  # the HTTP process's, until it is ready (server.launch)
+    try:
+        _serve(server_args)
+    finally:  # on every way out (a bad flag's exit included): collection back on
+        gc_watch.resume()
+
+
+def _serve(args: ServerArgs) -> None:
     from infer.core.config.gate import run_gate
     from infer.core.plugins import PlatformSelectionError
 
-    args = server_args
     _configure_logging(args)
     try:
         report = run_gate(args)
@@ -43,8 +52,10 @@ def serve(model: Annotated[Optional[str], typer.Argument(
     _check_model_source(args)
     if (args.node_rank or 0) > 0:  # a worker node: its ranks join node 0's engine; no HTTP here
         from infer.core.config.views import EngineConfig
+        from infer.core.engine import gc_watch
         from infer.core.engine.multiproc import run_node
 
+        gc_watch.resume()  # this process only waits for its ranks
         typer.echo(f"node {args.node_rank} of {args.nnodes}: starting its ranks, joining "
                    f"{args.dist_init_addr}", err=True)
         sys.exit(run_node(EngineConfig.from_server_args(args), report.platform.name))

@@ -40,6 +40,7 @@ def run_engine_process(server_args: Any, in_addr: str, out_addr: str,
                        core_factory: str = DEFAULT_CORE, dp_rank: int | None = None) -> None:
     """Entry point of the spawned process: build the core, say Ready, then loop until shutdown.
     ``dp_rank``: this engine is data-parallel replica ``dp_rank`` of ``--dp-size``."""
+    gc_watch.pause_for_startup()  # until freeze_startup_heap, below
     level = getattr(logging, str(getattr(server_args, "log_level", None) or "info").upper(), logging.INFO)
     logging.basicConfig(level=level, format="%(asctime)s engine %(levelname)s %(message)s")
     signals = _Signals()

@@ -120,6 +120,7 @@ class RankProcess:
 def _worker_main(cfg: EngineConfig, platform_name: str, rank: int, host: str, port: int) -> None:
     """Entry of ranks 1..W-1: serve steps from rank 0 until told to stop or rank 0 is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the process group's Ctrl-C is rank 0's to handle
+    gc_watch.pause_for_startup()  # until freeze_startup_heap, below
     gc_watch.install_warning(cfg.gc_warning_threshold_secs, f"rank {rank}")
     rp = RankProcess(cfg, platform_name, rank, host, port)
     runner = ModelRunner(rp.loaded, cfg, rp.kv_pages(), rp.platform, None)

@@ -67,3 +67,38 @@ def test_freeze_moves_the_live_heap_out_of_the_collectors_sight():
     assert frozen == gc.get_freeze_count() and frozen > len(kept)
     tracked = {id(o) for generation in (0, 1, 2) for o in gc.get_objects(generation)}
     assert not any(id(x) in tracked for x in kept)  # in the permanent generation now
+
+
+def test_startup_pause_lasts_until_the_freeze():
+    try:
+        gc_watch.pause_for_startup()
+        assert not gc.isenabled()
+        gc_watch.freeze_startup_heap()
+        assert gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_serve_that_fails_at_start_up_leaves_collection_on():
+    """``infer serve`` pauses collection for start-up; leaving early (here: a model path that
+    does not exist, exit code 2) turns it back on."""
+    from infer.cli.main import app
+    from typer.testing import CliRunner
+
+    seen: list[bool] = []
+    real = gc_watch.pause_for_startup
+
+    def pause() -> None:
+        real()
+        seen.append(gc.isenabled())
+
+    gc_watch.pause_for_startup = pause
+    try:
+        res = CliRunner().invoke(app, ["serve", "--model-path", "/nonexistent/model"])
+        on_after = gc.isenabled()
+    finally:
+        gc_watch.pause_for_startup = real
+        gc.enable()  # whatever happened, not left off for the tests after this one
+    assert res.exit_code == 2, res.output
+    assert seen == [False]  # paused during start-up
+    assert on_after
