@@ -302,7 +302,8 @@ def render(summary: dict) -> str:
              + (", and the last infer row serves it with the opt-in int8 activations "
                 "(`INFER_CPU_ACTIVATIONS=int8`)" if INFER_Q4_I8 in servers else "")
              + ". Client: `infer bench serving` (bench_serving's metrics), "
-             f"random ids, {args.get('input_len')} in / {args.get('output_len')} out, "
+             f"random ids, {args.get('input_len')} in / {args.get('output_len')} out, every row "
+             "its own prompts (no row finds another's in a prefix cache), "
              f"{args.get('rounds')} rounds with the servers alternating, best round per cell. "
              "Where vLLM ran in both bf16 and float32, \"x vLLM\" compares with the faster of the "
              "two at that concurrency. "
