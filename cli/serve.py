@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 import typer
 from infer.cli.common import fail, with_server_flags
 from infer.core.config import ConfigError, ServerArgs
+from infer.core.engine import gc_watch
 
 
 def _configure_logging(args: ServerArgs) -> None:
@@ -27,8 +28,6 @@ def serve(model: Annotated[Optional[str], typer.Argument(
           *, server_args: ServerArgs) -> None:
     """Serve a model over HTTP (OpenAI-compatible API). Takes every SGLang server flag."""
     # MODEL arrives as server_args.model_path (with_server_flags consumes it, as a user setting)
-    from infer.core.engine import gc_watch
-
     gc_watch.pause_for_startup()  # the HTTP process's, until it is ready (server.launch)
     try:
         _serve(server_args)
@@ -52,7 +51,6 @@ def _serve(args: ServerArgs) -> None:
     _check_model_source(args)
     if (args.node_rank or 0) > 0:  # a worker node: its ranks join node 0's engine; no HTTP here
         from infer.core.config.views import EngineConfig
-        from infer.core.engine import gc_watch
         from infer.core.engine.multiproc import run_node
 
         gc_watch.resume()  # this process only waits for its ranks

@@ -9,8 +9,9 @@ in every running request's stream.
 
 ``pause_for_startup`` (each server process, as it starts) turns collection off: start-up
 imports and loads millions of long-lived objects and makes little garbage, and every full
-collection walked all of them (14-16 collections, 2.5 s in all, of the default model's 17.7 s
-from ``infer serve`` to ready; 13.6-13.9 s without them). ``freeze_startup_heap`` (each process,
+collection walked all of them (a process loading the default model: 14-16 collections over 2 ms,
+2.5 s in all; ``infer serve`` of the default model until /v1/models answers: 17.6-17.8 s with
+them, 13.9-14.2 s without). ``freeze_startup_heap`` (each process,
 once it is ready to serve) collects once, moves what start-up left into the permanent generation
 (``gc.freeze``), so later collections walk only what serving allocated, and turns collection back
 on. vLLM freezes its engine's heap after start-up in the same way.

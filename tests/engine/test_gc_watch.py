@@ -79,7 +79,7 @@ def test_startup_pause_lasts_until_the_freeze():
         gc.enable()
 
 
-def test_serve_that_fails_at_start_up_leaves_collection_on():
+def test_serve_that_fails_at_start_up_leaves_collection_on(monkeypatch):
     """``infer serve`` pauses collection for start-up; leaving early (here: a model path that
     does not exist, exit code 2) turns it back on."""
     from infer.cli.main import app
@@ -92,12 +92,11 @@ def test_serve_that_fails_at_start_up_leaves_collection_on():
         real()
         seen.append(gc.isenabled())
 
-    gc_watch.pause_for_startup = pause
+    monkeypatch.setattr(gc_watch, "pause_for_startup", pause)
     try:
         res = CliRunner().invoke(app, ["serve", "--model-path", "/nonexistent/model"])
         on_after = gc.isenabled()
     finally:
-        gc_watch.pause_for_startup = real
         gc.enable()  # whatever happened, not left off for the tests after this one
     assert res.exit_code == 2, res.output
     assert seen == [False]  # paused during start-up

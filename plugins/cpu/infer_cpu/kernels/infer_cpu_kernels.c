@@ -718,7 +718,7 @@ static void fgemm_rows(int kind, const float *x, int64_t x_stride, int M, int K,
  * 0.59x at 1 row and 0.89x at 2, where the step streams the weights from memory once either way
  * and the packed bytes are 2.2x the blocks. Past 128 rows (prefill) the per-call repack is
  * amortized: 0.98-1.00x there on Zen 3, so calls of more than 128 rows repacked until session 28;
- * on Zen 5 (AVX-512 VNNI) the packed tiles make prefill and mixed steps 1.05x, and with i8_tile2
+ * on Zen 5 (AVX-512 VNNI) the packed tiles make prefill and mixed steps 1.05x, and with i8_tile2_any
  * (which reads only packed tiles) 1.10-1.13x. */
 #ifndef TILES_MIN_M
 #define TILES_MIN_M 3
