@@ -80,12 +80,14 @@ async def run_sequence(client: EngineClient, req: ipc.AddRequest, tokenizer: Any
             yield delta
 
 
-async def merge(streams: list[AsyncIterator[SeqDelta]]) -> AsyncIterator[SeqDelta]:
+def merge(streams: list[AsyncIterator[SeqDelta]]) -> AsyncIterator[SeqDelta]:
     """Interleave several sequences' deltas as they come; an error in one ends them all."""
     if len(streams) == 1:
-        async for d in streams[0]:
-            yield d
-        return
+        return streams[0]
+    return _merge(streams)
+
+
+async def _merge(streams: list[AsyncIterator[SeqDelta]]) -> AsyncIterator[SeqDelta]:
     queue: asyncio.Queue = asyncio.Queue()
     done = object()
 

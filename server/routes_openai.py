@@ -72,10 +72,11 @@ async def _start(request: Request, s: ServerState, jobs: list[GenerateJob]
         serving.prepare(job)
 
     async def renumber(j: int, job: GenerateJob) -> AsyncIterator[SeqDelta]:
-        async for d in serving.generate(job):  # (the first job's indices stand as they are)
-            yield dataclasses.replace(d, index=j * job.n + d.index) if j else d
+        async for d in serving.generate(job):
+            yield dataclasses.replace(d, index=j * job.n + d.index)
 
-    merged = merge([renumber(j, job) for j, job in enumerate(jobs)])
+    # the first job's indices stand as they are: its deltas pass through one generator less
+    merged = merge([renumber(j, job) if j else serving.generate(job) for j, job in enumerate(jobs)])
     guarded = cancel_on_disconnect(request, merged)
     first = await anext(guarded, None)
     return first, guarded
