@@ -288,32 +288,62 @@ def test_thread_choice_keeps_its_best_unless_the_other_is_clearly_faster():
         assert tc.pick(32) == t
         tc.record(32, t, cost)
     seen = []
-    for _ in range(8):  # one thread's exploring steps at 0.038: 5 % quicker, kept at two
+    for _ in range(4):  # one thread's exploring step at 0.038: 5 % quicker, kept at two
         t = tc.pick(32)
         seen.append(t)
         tc.record(32, t, 0.038 if t == 1 else 0.040)
-    assert seen == [2, 2, 2, 1, 2, 2, 2, 1]  # each a single look (every 4th: 4 x 4 x 0.25)
+    assert seen == [2, 2, 2, 1]  # a single look (every 4th: 4 x 4 x 0.25)
     assert tc.pick(32) == 2
-    while (t := tc.pick(32)) != 1:  # until the next exploring step, which is clearly faster
-        tc.record(32, t, 0.040)
-    tc.record(32, 1, 0.030)
+    tc.record(32, 2, 0.040)
+    # two threads keep their pace: one thread (at best 0.038) cannot win, so no more looks
+    assert [tc.pick(32) for _ in range(40)] == [2] * 40
+    while (t := tc.pick(32)) != 1:  # two threads slow down (a load): looks resume ...
+        tc.record(32, t, 0.060)
+    tc.record(32, 1, 0.030)  # ... and the clearly faster one thread takes over
     assert [tc.pick(32) for _ in range(2)] == [1, 1]
+
+
+def test_thread_choice_on_more_threads_explores_only_while_the_other_could_win():
+    """A class on all threads explores one thread only for its first ``looks`` steps, then only
+    while one thread's fastest step is below ``switch`` times the best's average: on a steady
+    machine a prefill class never runs a prompt on one thread again (each such prompt's time to
+    first token was almost twice the usual)."""
+    tc = kb.ThreadChoice(2, explore=4, max_first=True)
+    cost = {1: 0.073, 2: 0.040}
+    seen = []
+    for _ in range(400):
+        t = tc.pick(128)
+        seen.append(t)
+        tc.record(128, t, cost[t])
+    ones = [i for i, t in enumerate(seen) if t == 1]
+    # measured after explore (4) steps, looked at once more (every round(16 x 0.825) = 13)
+    assert ones == [5, 18], ones
+    cost[2] = 0.090  # a load: two threads now slower than one thread's 0.073
+    for _ in range(30):
+        t = tc.pick(128)
+        seen.append(t)
+        tc.record(128, t, cost[t])
+    # the average crossed 0.073 / 0.9: a look, and one thread won; on one thread the class
+    # looks at two threads again every round(16 x (0.090 / 0.073 - 1)) = 4th step
+    assert seen[-12:] == [1, 1, 1, 2] * 3 or seen[-12:] in ([1, 1, 2, 1] * 3, [1, 2, 1, 1] * 3,
+                                                           [2, 1, 1, 1] * 3), seen[-12:]
 
 
 def test_thread_choice_explores_a_far_slower_candidate_less_often():
     """Each exploring step costs the other candidate's extra time (ratio - 1 steps), so it comes
     every 4 x ``explore`` x (ratio - 1) steps: about 1 / (4 x ``explore``) of the time, within
-    [``explore``, 16 x ``explore``] steps."""
+    [``explore``, 16 x ``explore``] steps. (A class on one thread, whose exploring goes on.)"""
     for ratio, every in ((1.1, 4), (2.0, 16), (3.5, 40), (9.0, 64)):
         tc = kb.ThreadChoice(2, explore=4)
-        cost = {1: 0.010 * ratio, 2: 0.010}
+        cost = {1: 0.010, 2: 0.010 * ratio}
         seen = []
         for _ in range(2 + 3 * every):
             t = tc.pick(32)
             seen.append(t)
             tc.record(32, t, cost[t])
-        explored = [i for i, t in enumerate(seen) if i >= 2 and t == 1]
+        explored = [i for i, t in enumerate(seen) if i >= 2 and t == 2]
         assert explored == [1 + every, 1 + 2 * every, 1 + 3 * every], (ratio, explored)
 
 
+def test_thread_choice_fixed_and_single_thread():
     assert kb.ThreadChoice(1).pick(5) == 1 and kb.ThreadChoice(2, fixed=2).pick(1) == 2

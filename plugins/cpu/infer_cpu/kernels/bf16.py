@@ -151,9 +151,19 @@ class ThreadChoice:
     (0.9): one exploring step that happened to be quick on a noisy machine does not move a
     class to the slower count for the ``explore`` steps until the next look. (Before this, a
     32-row bf16 decode ran 39 of 240 steps on one thread, 49.6 ms against 38.9 ms on two, in one
-    ``benchmarks/cpu_engine_steps.py`` run: 2.7 % of its time.)"""
+    ``benchmarks/cpu_engine_steps.py`` run: 2.7 % of its time.)
+
+    Once the other has had ``looks`` steps, a class that runs on more threads than the other
+    explores it only while it could win: while its fastest step so far is below ``switch`` times
+    the best's average. One thread wins only when a load slows the threads down, and that shows
+    in the best's own average first; on a quiet machine every exploring step was lost time, and
+    for a prefill class a request's time to first token at almost twice the usual (a 128-token
+    bf16 prompt: 73 ms on one thread against 40 on two, every 51st prompt of the size). A class
+    that runs on fewer threads goes on exploring as above: the load that made it faster may have
+    gone, and that shows only in the other's steps."""
 
     switch = 0.9
+    looks = 2
 
     def __init__(self, max_threads: int, fixed: int = 0, explore: int = 16,
                  max_first: bool = False) -> None:
@@ -166,6 +176,8 @@ class ThreadChoice:
         self._since: dict[int, int] = {}  # steps of a class since its last exploring step
         self._exploring: dict[int, int] = {}  # class -> the candidate its current step explores
         self._best: dict[int, int] = {}  # class -> the candidate it runs (once both measured)
+        self._min: dict[tuple[int, int], float] = {}  # (class, threads) -> its fastest step
+        self._looks: dict[tuple[int, int], int] = {}  # (class, threads) -> steps measured
 
     def pick(self, batch: int) -> int:
         if self.fixed > 0:
@@ -189,15 +201,23 @@ class ThreadChoice:
         ratio = self._avg[(c, other)] / max(self._avg[(c, best)], 1e-12)
         since = self._since[c] = self._since.get(c, 0) + 1
         every = min(16 * self.explore, max(self.explore, round(4 * self.explore * (ratio - 1))))
-        if other != best and since >= every:
+        if other != best and since >= every and self._worth_a_look(c, best, other):
             self._since[c] = 0
             self._exploring[c] = other
             return other
         return best
 
+    def _worth_a_look(self, c: int, best: int, other: int) -> bool:
+        """Whether class c, running ``best`` threads, should explore ``other`` (see above)."""
+        if best < other or self._looks.get((c, other), 0) < self.looks:
+            return True
+        return self._min[(c, other)] < self.switch * self._avg[(c, best)]
+
     def record(self, batch: int, threads: int, seconds: float) -> None:
         c = batch.bit_length()
         key, old = (c, threads), self._avg.get((c, threads))
+        self._min[key] = min(seconds, self._min.get(key, seconds))
+        self._looks[key] = self._looks.get(key, 0) + 1
         if self._exploring.pop(c, None) == threads or old is None:
             self._avg[key] = seconds
         else:
