@@ -12,10 +12,46 @@ back; when one appears, the text is cut before it (or after it with ``no_stop_tr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 _REPLACEMENT = "\ufffd"
+
+
+# the library classes whose decode / _decode the direct call stands in for (transformers 5, 4)
+_LIBRARY_DECODE = {"transformers.tokenization_utils_base.PreTrainedTokenizerBase"}
+_LIBRARY_BACKEND = {"transformers.tokenization_utils_tokenizers.TokenizersBackend",
+                    "transformers.tokenization_utils_fast.PreTrainedTokenizerFast"}
+
+
+def _defining(cls: type, name: str) -> str:
+    owner = next((c for c in cls.__mro__ if name in vars(c)), None)
+    return "" if owner is None else f"{owner.__module__}.{owner.__qualname__}"
+
+
+def direct_decoder(tokenizer: Any) -> Callable[[list[int], bool], str] | None:
+    """The Rust ``tokenizers.Tokenizer.decode`` of a Hugging Face fast tokenizer, where calling it
+    directly gives what ``tokenizer.decode(ids, skip_special_tokens=...)`` gives; else None.
+
+    That holds when the tokenizer's ``decode`` and ``_decode`` are the library's own (which convert
+    the ids, call the backend, then clean up spaces only if asked; a model's class that overrides
+    either is left alone) and it does not clean up spaces. The wrapper's Python is 1.6 us of a
+    2.3 us call (5 ids, SmolLM2's tokenizer), and the incremental detokenizer decodes twice per
+    streamed token.
+    """
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None or not callable(getattr(backend, "decode", None)):
+        return None
+    if getattr(tokenizer, "clean_up_tokenization_spaces", True) is not False:
+        return None
+    cls = type(tokenizer)
+    if _defining(cls, "decode") not in _LIBRARY_DECODE or _defining(cls, "_decode") not in _LIBRARY_BACKEND:
+        return None
+
+    def decode(ids: list[int], skip_special_tokens: bool) -> str:
+        return backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    return decode
 
 
 class IncrementalDetokenizer:
@@ -25,6 +61,7 @@ class IncrementalDetokenizer:
         self.skip_special = skip_special_tokens
         self.spaces_between = spaces_between_special_tokens
         self.special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        self._direct = direct_decoder(tokenizer)
         # a few prompt tokens give the first output tokens their left context (leading spaces)
         self.ids: list[int] = list(prefix_ids)[-4:]
         self.prefix_offset = 0
@@ -33,6 +70,8 @@ class IncrementalDetokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         if self.skip_special or not self.special or not any(i in self.special for i in ids):
+            if self._direct is not None:
+                return self._direct(list(ids), self.skip_special)
             return self.tokenizer.decode(list(ids), skip_special_tokens=self.skip_special)
         pieces, run = [], []
         for i in ids:

@@ -61,3 +61,39 @@ def test_stop_string_is_cut_and_held_back(tok):
     for i in ids:
         none.add([i])
     assert none.text + none.finish() == "The quick brown fox jumps over"
+
+
+def test_the_direct_backend_decode_gives_the_tokenizers_own_text(tok):
+    """``direct_decoder`` (the Rust decode, skipping transformers' Python wrapper) is taken for
+    this fast tokenizer, and gives ``tokenizer.decode``'s text for any ids, specials included."""
+    import random
+
+    from infer.core.engine.detokenizer import direct_decoder
+
+    direct = direct_decoder(tok)
+    assert direct is not None  # so the incremental tests above run on it
+    rng = random.Random(0)
+    specials = sorted(set(tok.all_special_ids))
+    for n in range(300):
+        ids = [rng.randrange(len(tok)) for _ in range(rng.randrange(1, 9))]
+        if n % 3 == 0:
+            ids.insert(rng.randrange(len(ids) + 1), rng.choice(specials))
+        for skip in (True, False):
+            assert direct(ids, skip) == tok.decode(ids, skip_special_tokens=skip), (ids, skip)
+
+
+def test_no_direct_decode_where_the_tokenizer_decodes_its_own_way(tok):
+    from infer.core.engine.detokenizer import IncrementalDetokenizer, direct_decoder
+
+    class Shouting(type(tok)):  # a model's class that post-processes its text
+        def _decode(self, token_ids, skip_special_tokens=False, **kwargs):
+            return super()._decode(token_ids, skip_special_tokens, **kwargs).upper()
+
+    loud = Shouting.from_pretrained(tok.name_or_path)
+    assert direct_decoder(loud) is None
+    d = IncrementalDetokenizer(loud)
+    ids = loud.encode("Hello there", add_special_tokens=False)
+    assert d.add(ids) + d.flush() == "HELLO THERE"
+    tidy = type(tok).from_pretrained(tok.name_or_path, clean_up_tokenization_spaces=True)
+    assert direct_decoder(tidy) is None
+    assert direct_decoder(object()) is None
