@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import math
 import random
@@ -110,6 +111,9 @@ class _Tok:
         return text.split()
 
 
+FROZEN: list[int] = []  # objects in gc's permanent generation while each request was served
+
+
 async def _sse_server(tokens: list[str], with_usage: bool):
     """A local SSE server of the completions shape (aiohttp's own, on a free port): each request
     streams its first max_tokens of ``tokens``, one chunk each; max_tokens 999 gets a 400."""
@@ -120,6 +124,7 @@ async def _sse_server(tokens: list[str], with_usage: bool):
         if body["max_tokens"] == 999:
             return web.json_response({"error": {"message": "bad"}}, status=400)
         assert body["stream"] and body["ignore_eos"]
+        FROZEN.append(gc.get_freeze_count())  # the client runs in this process
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
         for t in tokens[: body["max_tokens"]]:
@@ -151,7 +156,10 @@ def test_run_serving_counts_tokens_and_failures(with_usage):
         finally:
             await runner.cleanup()
 
+    FROZEN.clear()
     res = asyncio.run(go())
+    # the client's heap was frozen while it ran (full collections skip it), and thawed after
+    assert len(FROZEN) == 2 and min(FROZEN) > 1000 and gc.get_freeze_count() == 0
     assert res["completed"] == 2 and res["failed"] == 1
     assert res["total_input_tokens"] == 4 and res["total_output_tokens"] == 6
     assert res["errors"][0].startswith("HTTP 400")
