@@ -14,11 +14,13 @@ client about a third of the CPU per streamed token that httpx's pure-Python one 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import math
 import random
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -75,36 +77,34 @@ def arrival_gaps(n: int, request_rate: float, rng: random.Random) -> list[float]
     return [rng.expovariate(request_rate) for _ in range(n)]
 
 
+@contextlib.asynccontextmanager
+async def _heap_frozen() -> AsyncIterator[None]:
+    """The client's heap from start-up (the tokenizer, transformers: about 360,000 objects) made
+    each full collection during a run take 165-195 ms here, a pause in every stream's timestamps
+    (one of them in each one-client row's first time to first token: 240 against 45-60 ms).
+    Frozen for the run, the collections skip it (as vLLM's serving benchmark does); thawed after."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 async def run_serving(base_url: str, model: str, requests: list[BenchRequest], tokenizer: Any, *,
                       request_rate: float = math.inf, max_concurrency: int | None = None,
                       seed: int = 0, progress: bool = True, timeout_s: float = 600.0,
                       extra_body: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run every request once; returns serving_metrics plus the settings."""
-    url = base_url.rstrip("/") + "/v1/completions"
-    # The client's heap from start-up (the tokenizer, transformers: about 360,000 objects) made
-    # each full collection during a run take 165-195 ms here, a pause in every stream's
-    # timestamps (one of them in each one-client row's first time to first token: 240 against
-    # 45-60 ms). Frozen, the collections skip it (as vLLM's serving benchmark does); thawed after.
-    gc.collect()
-    gc.freeze()
-    try:
-        return await _run(url, base_url, model, requests, tokenizer, request_rate, max_concurrency,
-                          seed, progress, timeout_s, extra_body)
-    finally:
-        gc.unfreeze()
-
-
-async def _run(url: str, base_url: str, model: str, requests: list[BenchRequest], tokenizer: Any,
-               request_rate: float, max_concurrency: int | None, seed: int, progress: bool,
-               timeout_s: float, extra_body: dict[str, Any] | None) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
+    url = base_url.rstrip("/") + "/v1/completions"
     sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     gaps = arrival_gaps(len(requests), request_rate, random.Random(seed))
     bar = tqdm(total=len(requests), desc=f"serving c={max_concurrency or 'inf'}", disable=not progress)
     conn = aiohttp.TCPConnector(limit=max_concurrency or len(requests) or 1)
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s),
-                                     connector=conn) as client:
+    async with _heap_frozen(), aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=timeout_s), connector=conn) as client:
 
         async def limited(req: BenchRequest) -> RequestRecord:
             if sem is None:

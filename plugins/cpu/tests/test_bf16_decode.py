@@ -233,21 +233,24 @@ def _check_stack(d: Dims, threads: int, lib: ctypes.CDLL, seed: int,
     return (h, logits, *kcs, *vcs)
 
 
+def _run_steps(tc: kb.ThreadChoice, batch: int, cost: dict[int, float], steps: int) -> list[int]:
+    """``steps`` steps of a batch size, each taking ``cost[threads]``; the thread counts picked."""
+    seen = []
+    for _ in range(steps):
+        t = tc.pick(batch)
+        seen.append(t)
+        tc.record(batch, t, cost[t])
+    return seen
+
+
 def test_thread_choice_measures_both_then_keeps_the_faster_and_explores():
     tc = kb.ThreadChoice(2, explore=4)
-    seen = []
-    cost = {1: 0.010, 2: 0.013}  # one thread faster (a loaded machine), the other close
-    for _ in range(12):
-        t = tc.pick(8)
-        seen.append(t)
-        tc.record(8, t, cost[t])
+    # one thread faster (a loaded machine), the other close
+    seen = _run_steps(tc, 8, {1: 0.010, 2: 0.013}, 12)
     assert seen[:2] == [1, 2]  # each size measured once
     # the faster; the other (1.3x) every 4 x 4 x 0.3 = 4.8 -> 5th step
     assert seen[2:] == [1, 1, 1, 1, 2, 1, 1, 1, 1, 2]
-    cost = {1: 0.010, 2: 0.001}  # the load went away: one exploring step finds it
-    for _ in range(4):
-        t = tc.pick(8)
-        tc.record(8, t, cost[t])
+    _run_steps(tc, 8, {1: 0.010, 2: 0.001}, 4)  # the load went away: one exploring step finds it
     assert tc.pick(8) == 2
     assert tc.pick(1) == 1  # batch-size classes are measured separately
     tc.record(1, 1, 0.5)
@@ -259,24 +262,14 @@ def test_thread_choice_max_first_tries_the_other_only_after_explore_steps():
     more steps of the class, so that a server's second prompt of a size is not run on one thread
     (twice the time to first token); then the usual choice, class by class."""
     tc = kb.ThreadChoice(2, explore=4, max_first=True)
-    cost = {1: 0.030, 2: 0.010}
-    seen = []
-    for _ in range(8):
-        t = tc.pick(128)
-        seen.append(t)
-        tc.record(128, t, cost[t])
+    seen = _run_steps(tc, 128, {1: 0.030, 2: 0.010}, 8)
     assert seen[:6] == [2, 2, 2, 2, 2, 1]  # measured: 2, then 4 steps, then the other once
     assert seen[6:] == [2, 2] and set(tc._avg) == {(8, 1), (8, 2)}
     assert tc.pick(512) == 2  # another class starts over
     tc.record(512, 2, 0.04)
     assert tc.pick(512) == 2
-    cost = {1: 0.005, 2: 0.010}  # one thread faster (a loaded machine): found when it is tried
-    tc2 = kb.ThreadChoice(2, explore=4, max_first=True)
-    picks = []
-    for _ in range(8):
-        t = tc2.pick(64)
-        picks.append(t)
-        tc2.record(64, t, cost[t])
+    # one thread faster (a loaded machine): found when it is tried
+    picks = _run_steps(kb.ThreadChoice(2, explore=4, max_first=True), 64, {1: 0.005, 2: 0.010}, 8)
     assert picks == [2, 2, 2, 2, 2, 1, 1, 1]
 
 
@@ -309,24 +302,15 @@ def test_thread_choice_on_more_threads_explores_only_while_the_other_could_win()
     machine a prefill class never runs a prompt on one thread again (each such prompt's time to
     first token was almost twice the usual)."""
     tc = kb.ThreadChoice(2, explore=4, max_first=True)
-    cost = {1: 0.073, 2: 0.040}
-    seen = []
-    for _ in range(400):
-        t = tc.pick(128)
-        seen.append(t)
-        tc.record(128, t, cost[t])
+    seen = _run_steps(tc, 128, {1: 0.073, 2: 0.040}, 400)
     ones = [i for i, t in enumerate(seen) if t == 1]
     # measured after explore (4) steps, looked at once more (every round(16 x 0.825) = 13)
     assert ones == [5, 18], ones
-    cost[2] = 0.090  # a load: two threads now slower than one thread's 0.073
-    for _ in range(30):
-        t = tc.pick(128)
-        seen.append(t)
-        tc.record(128, t, cost[t])
+    # a load: two threads now slower than one thread's 0.073
+    last = _run_steps(tc, 128, {1: 0.073, 2: 0.090}, 30)[-12:]
     # the average crossed 0.073 / 0.9: a look, and one thread won; on one thread the class
     # looks at two threads again every round(16 x (0.090 / 0.073 - 1)) = 4th step
-    assert seen[-12:] == [1, 1, 1, 2] * 3 or seen[-12:] in ([1, 1, 2, 1] * 3, [1, 2, 1, 1] * 3,
-                                                           [2, 1, 1, 1] * 3), seen[-12:]
+    assert last in [([1, 1, 1, 2] * 4)[i:i + 12] for i in range(4)], last
 
 
 def test_thread_choice_explores_a_far_slower_candidate_less_often():
@@ -334,13 +318,7 @@ def test_thread_choice_explores_a_far_slower_candidate_less_often():
     every 4 x ``explore`` x (ratio - 1) steps: about 1 / (4 x ``explore``) of the time, within
     [``explore``, 16 x ``explore``] steps. (A class on one thread, whose exploring goes on.)"""
     for ratio, every in ((1.1, 4), (2.0, 16), (3.5, 40), (9.0, 64)):
-        tc = kb.ThreadChoice(2, explore=4)
-        cost = {1: 0.010, 2: 0.010 * ratio}
-        seen = []
-        for _ in range(2 + 3 * every):
-            t = tc.pick(32)
-            seen.append(t)
-            tc.record(32, t, cost[t])
+        seen = _run_steps(kb.ThreadChoice(2, explore=4), 32, {1: 0.010, 2: 0.010 * ratio}, 2 + 3 * every)
         explored = [i for i, t in enumerate(seen) if i >= 2 and t == 2]
         assert explored == [1 + every, 1 + 2 * every, 1 + 3 * every], (ratio, explored)
 
