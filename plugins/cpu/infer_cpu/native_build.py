@@ -41,6 +41,12 @@ def _cpu_id() -> str:
         return platform.processor() or platform.machine()
 
 
+def pool_swap_setting() -> int:
+    """The native work pool's core swap (``kernels/infer_cpu_pool.h``): 1 (on) unless
+    ``INFER_CPU_POOL_SWAP=0``. The libraries take it when they load."""
+    return 0 if os.environ.get("INFER_CPU_POOL_SWAP", "1") == "0" else 1
+
+
 def compiler() -> str | None:
     """The C compiler to use: $CC, else cc, gcc or clang on PATH."""
     for name in (os.environ.get("CC"), "cc", "gcc", "clang"):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from infer_cpu.native_build import BF16_LIB_NAME, BF16_SOURCE, build, compiler, disabled
+from infer_cpu.native_build import BF16_LIB_NAME, BF16_SOURCE, build, compiler, disabled, pool_swap_setting
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,7 @@ SIGNATURES = {
     "infer_bf16_add": [_P, _P, _P, _L, _I],
     "infer_bf16_prefill_attention": [_P, _L, _P, _L, _P, _L, _P, _P, _P, _I, _P, _L, _P, _P, _I,
                                      _I, _I, _I, _I, _F, _P],
+    "infer_bf16_pool_swaps": [_I],
 }
 
 _lock = threading.Lock()
@@ -71,7 +72,8 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     for name, argtypes in SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
-        fn.restype = _I if name == "infer_bf16_isa" else None
+        fn.restype = _I if name in ("infer_bf16_isa", "infer_bf16_pool_swaps") else None
+    lib.infer_bf16_pool_swaps(pool_swap_setting())
     return lib
 
 

@@ -15,9 +15,12 @@
  * Numerics, every path: activations are rounded to bf16 (nearest even), each product of two
  * bf16 values is exact in float32, sums are float32 (their order differs by path).
  *
- * Threads: every multi-threaded call runs on the work pool below (no OpenMP), whose caller never
- * waits for a helper thread that has not started.
+ * Threads: every multi-threaded call runs on the work pool of infer_cpu_pool.h (no OpenMP), whose
+ * caller never waits for a helper thread that has not started.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* sched_getcpu, CPU_SET: the pool's core swap */
+#endif
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -30,6 +33,8 @@
 #endif
 #include "infer_cpu_vmath.h"
 #include "infer_cpu_attn.h"
+#define POOL_SWAPS_FN infer_bf16_pool_swaps
+#include "infer_cpu_pool.h"
 
 /* Into L1 (prefetcht0 on x86): the 64-byte lines of bytes [p, p + n). */
 static inline void prefetch_span(const void *p, int n) {
@@ -66,100 +71,7 @@ static int g_threads = 1;
 
 void infer_bf16_set_threads(int n) { g_threads = n > 0 ? n : 1; }
 
-/* ---- a work pool whose caller never waits for a helper that has not started ----
- * The per-op path's calls (GEMM, attention) are split into units. The caller publishes a job,
- * wakes the helper threads and takes units itself, one at a time, as the helpers do; it then
- * waits only for units a helper has taken and not finished. A helper that another process keeps
- * off its core finds the job done when it runs and goes back to sleep, where an OpenMP region
- * would make the caller wait for it at the closing barrier (on a shared 2-core machine, often a
- * whole scheduler time slice per region). A unit is claimed by a compare-and-swap on the job's
- * ticket (job number, unit count, next unit); the job's fields are read only after a claim
- * succeeds, and the caller replaces them only when every unit is done, so a late helper never
- * reads a later job's fields for an earlier job's unit. */
-typedef void (*pool_fn)(void *arg, int unit, int worker);
-
-#define POOL_MAX 64
-static struct {
-  _Atomic uint64_t ticket; /* job << 48 | units << 24 | next */
-  atomic_int done, job_nt, sleeping;
-  pool_fn fn;
-  void *arg;
-  int workers; /* helper threads started */
-  pthread_mutex_t call, mu;
-  pthread_cond_t cv;
-} g_pool = {0, 0, 0, 0, NULL, NULL, 0, PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
-            PTHREAD_COND_INITIALIZER};
-
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
-/* Take and run units of the current job until none is left; worker w (0: the caller). */
-static void pool_take(int w) {
-  for (;;) {
-    uint64_t t = atomic_load(&g_pool.ticket);
-    uint64_t units = (t >> 24) & 0xFFFFFF, next = t & 0xFFFFFF;
-    if (next >= units || (w > 0 && w >= atomic_load(&g_pool.job_nt))) return;
-    if (!atomic_compare_exchange_weak(&g_pool.ticket, &t, t + 1)) continue;
-    g_pool.fn(g_pool.arg, (int)next, w);
-    atomic_fetch_add(&g_pool.done, 1);
-  }
-}
-
-static void *pool_worker(void *p) {
-  int w = (int)(intptr_t)p;
-  for (;;) {
-    pool_take(w);
-    uint64_t t = atomic_load(&g_pool.ticket);
-    for (int spins = 0; spins < 4000 && atomic_load(&g_pool.ticket) == t; spins++) cpu_relax();
-    if (atomic_load(&g_pool.ticket) != t) continue;
-    pthread_mutex_lock(&g_pool.mu);
-    atomic_fetch_add(&g_pool.sleeping, 1);
-    while (atomic_load(&g_pool.ticket) == t) pthread_cond_wait(&g_pool.cv, &g_pool.mu);
-    atomic_fetch_sub(&g_pool.sleeping, 1);
-    pthread_mutex_unlock(&g_pool.mu);
-  }
-  return NULL;
-}
-
-/* fn(arg, u, worker) for u in [0, units) on up to nt threads (worker < nt indexes per-thread
- * scratch); returns when every unit is done. Calls from several threads take turns. */
-static void pool_run(pool_fn fn, void *arg, int units, int nt) {
-  if (units <= 0) return;
-  nt = nt < POOL_MAX ? nt : POOL_MAX;
-  if (nt <= 1 || units == 1) {
-    for (int u = 0; u < units; u++) fn(arg, u, 0);
-    return;
-  }
-  pthread_mutex_lock(&g_pool.call);
-  while (g_pool.workers < nt - 1) { /* helpers 1 .. nt - 1, started once, detached */
-    pthread_t th;
-    if (pthread_create(&th, NULL, pool_worker, (void *)(intptr_t)(g_pool.workers + 1))) break;
-    pthread_detach(th);
-    g_pool.workers++;
-  }
-  g_pool.fn = fn;
-  g_pool.arg = arg;
-  atomic_store(&g_pool.done, 0);
-  atomic_store(&g_pool.job_nt, nt);
-  uint64_t job = ((atomic_load(&g_pool.ticket) >> 48) + 1) & 0xFFFF;
-  atomic_store(&g_pool.ticket, job << 48 | (uint64_t)units << 24);
-  if (atomic_load(&g_pool.sleeping) > 0) {
-    pthread_mutex_lock(&g_pool.mu);
-    pthread_cond_broadcast(&g_pool.cv);
-    pthread_mutex_unlock(&g_pool.mu);
-  }
-  pool_take(0);
-  for (int spins = 0; atomic_load(&g_pool.done) < units; spins++) {
-    if (spins < 20000)
-      cpu_relax();
-    else
-      sched_yield();
-  }
-  pthread_mutex_unlock(&g_pool.call);
-}
+/* ---- the work pool (infer_cpu_pool.h): infer_bf16_pool_swaps() counts its core swaps ---- */
 
 #ifdef BF16_AMX
 /* AMX tiles need the kernel's leave to use their state (Linux 5.16+: arch_prctl
