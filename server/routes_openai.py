@@ -13,7 +13,7 @@ import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -40,7 +40,7 @@ from infer.server.protocol import (
 )
 from infer.server.reasoning import ReasoningSplitter
 from infer.server.request_limits import read_body
-from infer.server.serving import GenerateJob, ServerState, Serving, cancel_on_disconnect, make_params
+from infer.server.serving import GenerateJob, Guarded, ServerState, Serving, make_params
 from infer.server.tool_parsers import forced_grammar, forced_schema, get_parser
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
@@ -65,8 +65,9 @@ async def models(request: Request) -> dict[str, Any]:
 
 
 async def _start(request: Request, s: ServerState, jobs: list[GenerateJob]
-                 ) -> tuple[SeqDelta | None, AsyncIterator[SeqDelta]]:
-    """Run the jobs (choice index = job * n + sequence); return the first delta and the rest."""
+                 ) -> tuple[SeqDelta | None, Guarded]:
+    """Run the jobs (choice index = job * n + sequence); return the first delta and the rest,
+    whose owner closes it (``_respond`` does)."""
     serving = Serving(s)
     for job in jobs:
         serving.prepare(job)
@@ -77,28 +78,75 @@ async def _start(request: Request, s: ServerState, jobs: list[GenerateJob]
 
     # the first job's indices stand as they are: its deltas pass through one generator less
     merged = merge([renumber(j, job) if j else serving.generate(job) for j, job in enumerate(jobs)])
-    guarded = cancel_on_disconnect(request, merged)
-    first = await anext(guarded, None)
+    guarded = Guarded(request, merged)
+    try:
+        first = await anext(guarded, None)
+    except BaseException:
+        guarded.close()
+        raise
+    if first is None:
+        guarded.close()
     return first, guarded
 
 
-async def _chain(first: SeqDelta, rest: AsyncIterator[SeqDelta]) -> AsyncIterator[SeqDelta]:
-    yield first
-    async for d in rest:
-        yield d
+class _Format(Protocol):
+    def add(self, d: SeqDelta) -> None: ...
+    def event(self, d: SeqDelta) -> list[str]: ...
+    def tail(self) -> list[str]: ...
+    def response(self) -> dict[str, Any]: ...
 
 
-def _stream(events: AsyncIterator[str]) -> StreamingResponse:
-    async def body() -> AsyncIterator[str]:
+async def _respond(stream: bool, first: SeqDelta, rest: Guarded, fmt: _Format) -> Response:
+    """The route's answer from its first delta on: an event stream, or the whole JSON body."""
+    if stream:
+        return _EventStream(first, rest, fmt)
+    try:
+        fmt.add(first)
+
+        async def add(d: SeqDelta) -> None:
+            fmt.add(d)
+
+        await rest.pump(add)  # a client gone: the choices still running end as "abort"
+    finally:
+        rest.close()
+    return JSONResponse(fmt.response())
+
+
+async def _no_body() -> AsyncIterator[str]:
+    return
+    yield  # an async generator: _EventStream writes its events itself
+
+
+class _EventStream(StreamingResponse):
+    """text/event-stream of ``fmt``'s events, then ``[DONE]``: the first delta's by the route's
+    task, every later one by the producer task of ``rest`` as the delta arrives (``pump``), so a
+    streamed token costs one task switch. A failure after the first delta becomes an error
+    event (the status is sent already)."""
+
+    def __init__(self, first: SeqDelta, rest: Guarded, fmt: _Format) -> None:
+        super().__init__(_no_body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.first, self.rest, self.fmt = first, rest, fmt
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async def emit(d: SeqDelta) -> None:
+            for e in self.fmt.event(d):
+                await send({"type": "http.response.body", "body": e.encode(), "more_body": True})
+
         try:
-            async for e in events:
-                yield e
-        except APIError as err:
-            yield sse(err.body())
-        yield SSE_DONE
-
-    return StreamingResponse(body(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
+            await send({"type": "http.response.start", "status": self.status_code,
+                        "headers": self.raw_headers})
+            try:
+                await emit(self.first)
+                if not await self.rest.pump(emit):
+                    return  # the client went away
+                for e in self.fmt.tail():
+                    await send({"type": "http.response.body", "body": e.encode(), "more_body": True})
+            except APIError as err:
+                await send({"type": "http.response.body", "body": sse(err.body()).encode(),
+                            "more_body": True})
+            await send({"type": "http.response.body", "body": SSE_DONE.encode(), "more_body": False})
+        finally:
+            self.rest.close()
 
 
 # -- /v1/completions ---------------------------------------------------------------------------
@@ -123,12 +171,8 @@ async def completions(request: Request) -> Response:
     first, rest = await _start(request, s, jobs)
     if first is None:
         return Response(status_code=499)  # the client went away before the first token
-    fmt = _CompletionFormat(s, body, jobs, f"cmpl-{uuid.uuid4().hex}")
-    if body.stream:
-        return _stream(fmt.events(_chain(first, rest)))
-    async for d in _chain(first, rest):
-        fmt.add(d)
-    return JSONResponse(fmt.response())
+    return await _respond(bool(body.stream), first, rest,
+                          _CompletionFormat(s, body, jobs, f"cmpl-{uuid.uuid4().hex}"))
 
 
 async def _prompts(prompt: Any, s: ServerState) -> list[tuple[list[int], str]]:
@@ -192,24 +236,28 @@ class _CompletionFormat:
         return {"id": self.rid, "object": "text_completion", "created": self.created,
                 "model": self.s.model_name, "choices": choices, "usage": self._usage()}
 
-    async def events(self, deltas: AsyncIterator[SeqDelta]) -> AsyncIterator[str]:
-        async for d in deltas:
-            text, lps = self._piece(d)
-            if d.finish_reason is not None:
-                self.finals[d.index] = d
-            if not text and d.finish_reason is None and not (lps and self.body.logprobs is not None):
-                continue
-            lp = None
-            if self.body.logprobs is not None:
-                lp = completion_logprobs(lps, self.tt, self.offset[d.index])
-            self.offset[d.index] += len(text)
-            yield sse({"id": self.rid, "object": "text_completion", "created": self.created,
-                       "model": self.s.model_name,
-                       "choices": [{"index": d.index, "text": text, "logprobs": lp,
-                                    "finish_reason": d.finish_reason}]})
+    def event(self, d: SeqDelta) -> list[str]:
+        """The stream's chunk for delta d (none for an empty delta)."""
+        text, lps = self._piece(d)
+        if d.finish_reason is not None:
+            self.finals[d.index] = d
+        if not text and d.finish_reason is None and not (lps and self.body.logprobs is not None):
+            return []
+        lp = None
+        if self.body.logprobs is not None:
+            lp = completion_logprobs(lps, self.tt, self.offset[d.index])
+        self.offset[d.index] += len(text)
+        return [sse({"id": self.rid, "object": "text_completion", "created": self.created,
+                     "model": self.s.model_name,
+                     "choices": [{"index": d.index, "text": text, "logprobs": lp,
+                                  "finish_reason": d.finish_reason}]})]
+
+    def tail(self) -> list[str]:
+        """After the last delta: the usage chunk, if the request asked for it."""
         if self.body.stream_options and self.body.stream_options.include_usage:
-            yield sse({"id": self.rid, "object": "text_completion", "created": self.created,
-                       "model": self.s.model_name, "choices": [], "usage": self._usage()})
+            return [sse({"id": self.rid, "object": "text_completion", "created": self.created,
+                         "model": self.s.model_name, "choices": [], "usage": self._usage()})]
+        return []
 
 
 # -- /v1/chat/completions ----------------------------------------------------------------------
@@ -247,12 +295,9 @@ async def chat_completions(request: Request) -> Response:
     first, rest = await _start(request, s, [job])
     if first is None:
         return Response(status_code=499)
-    fmt = _ChatFormat(s, body, job, f"chatcmpl-{uuid.uuid4().hex}", tools_on, forced is not None)
-    if body.stream:
-        return _stream(fmt.events(_chain(first, rest)))
-    async for d in _chain(first, rest):
-        fmt.add(d)
-    return JSONResponse(fmt.response())
+    return await _respond(bool(body.stream), first, rest,
+                          _ChatFormat(s, body, job, f"chatcmpl-{uuid.uuid4().hex}", tools_on,
+                                      forced is not None))
 
 
 class _ChatFormat:
@@ -317,28 +362,33 @@ class _ChatFormat:
                     "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
                                  "finish_reason": finish}]})
 
-    async def events(self, deltas: AsyncIterator[SeqDelta]) -> AsyncIterator[str]:
-        async for d in deltas:
-            i = d.index
-            if not self.started[i]:
-                self.started[i] = True
-                yield self._chunk(i, {"role": "assistant", "content": ""})
-            piece = self.asm[i].feed(d.text, d.finish_reason is not None)
-            self.calls[i] += piece.tool_calls
-            if d.finish_reason is not None:
-                self.finals[i] = d
-            delta: dict[str, Any] = {}
-            if piece.reasoning:
-                delta["reasoning_content"] = piece.reasoning
-            if piece.content:
-                delta["content"] = piece.content
-            if piece.tool_calls:
-                delta["tool_calls"] = tool_calls_json(piece.tool_calls, with_index=True)
-            lp = None
-            if self.body.logprobs and d.logprobs:
-                lp = chat_logprobs(d.logprobs, self.tt, self.body.top_logprobs or 0)
-            if delta or lp or d.finish_reason is not None:
-                yield self._chunk(i, delta, lp, self._reason(i, d))
+    def event(self, d: SeqDelta) -> list[str]:
+        """The stream's chunks for delta d: the role first for a choice's first delta."""
+        i, out = d.index, []
+        if not self.started[i]:
+            self.started[i] = True
+            out.append(self._chunk(i, {"role": "assistant", "content": ""}))
+        piece = self.asm[i].feed(d.text, d.finish_reason is not None)
+        self.calls[i] += piece.tool_calls
+        if d.finish_reason is not None:
+            self.finals[i] = d
+        delta: dict[str, Any] = {}
+        if piece.reasoning:
+            delta["reasoning_content"] = piece.reasoning
+        if piece.content:
+            delta["content"] = piece.content
+        if piece.tool_calls:
+            delta["tool_calls"] = tool_calls_json(piece.tool_calls, with_index=True)
+        lp = None
+        if self.body.logprobs and d.logprobs:
+            lp = chat_logprobs(d.logprobs, self.tt, self.body.top_logprobs or 0)
+        if delta or lp or d.finish_reason is not None:
+            out.append(self._chunk(i, delta, lp, self._reason(i, d)))
+        return out
+
+    def tail(self) -> list[str]:
+        """After the last delta: the usage chunk, if the request asked for it."""
         if self.body.stream_options and self.body.stream_options.include_usage:
-            yield sse({"id": self.rid, "object": "chat.completion.chunk", "created": self.created,
-                       "model": self.s.model_name, "choices": [], "usage": self._usage()})
+            return [sse({"id": self.rid, "object": "chat.completion.chunk", "created": self.created,
+                         "model": self.s.model_name, "choices": [], "usage": self._usage()})]
+        return []

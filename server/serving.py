@@ -4,7 +4,8 @@
 refuses work while draining or with a dead engine (503), checks the prompt against the context,
 counts the request as in flight (SIGTERM waits for these), records metrics and request logs. Any
 exit before the end (client gone, error) aborts the sequences still running in the engine.
-``cancel_on_disconnect`` ends a generation as soon as the HTTP client goes away.
+``Guarded`` (and ``cancel_on_disconnect`` over it) ends a generation as soon as the HTTP client
+goes away.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -175,29 +176,84 @@ def _log_request(level: int, job: GenerateJob, finals: dict[int, SeqDelta],
     logger.info(" ".join(parts))
 
 
-async def cancel_on_disconnect(request: Request, gen: AsyncIterator[Any]) -> AsyncIterator[Any]:
-    """Yield from ``gen`` until it ends or the client disconnects.
+class Guarded:
+    """``gen`` stepped by one producer task of its own for its whole life, until it ends or the
+    HTTP client disconnects.
 
-    ``gen`` runs in a producer task of its own, and only that task ever steps it: a disconnect
-    (seen by the watcher, or a cancellation of the consumer by the ASGI server) cancels the
-    producer, whose cancellation unwinds ``gen`` down to ``EngineClient.stream``, which sends the
-    abort. So the engine hears of a gone client at once, and no generator is closed while another
-    task is inside it. Invariant: when this generator is closed, the producer has been cancelled.
+    A disconnect (seen by the watcher task) cancels the producer, whose cancellation unwinds
+    ``gen`` down to ``EngineClient.stream``, which sends the abort: the engine hears of a gone
+    client at once, and no generator is closed while another task is inside it. Items reach the
+    route either through a queue (``async for``, ``anext``: one task switch per item) or, after
+    ``pump(sink)``, by the producer calling ``sink`` itself: a streamed token then costs no
+    queue hand-off and no resumption of the route's task, whose await chain runs through every
+    ASGI middleware. The owner calls ``close()`` when done (it cancels both tasks).
     """
-    items: asyncio.Queue = asyncio.Queue()
-    producer = asyncio.create_task(_produce(gen, items))
-    watcher = asyncio.create_task(_watch_disconnect(request, producer, items))
+
+    def __init__(self, request: Request, gen: AsyncIterator[Any]) -> None:
+        self._items: asyncio.Queue = asyncio.Queue()
+        self._sink: Callable[[Any], Awaitable[None]] | None = None
+        self._producer = asyncio.create_task(self._produce(gen))
+        self._watcher = asyncio.create_task(_watch_disconnect(request, self._producer, self._items))
+
+    async def _produce(self, gen: AsyncIterator[Any]) -> None:
+        try:
+            async for item in gen:
+                if self._sink is None:
+                    self._items.put_nowait(item)
+                else:
+                    await self._sink(item)
+            self._items.put_nowait(_END)
+        except Exception as err:  # noqa: BLE001 - re-raised in the route; a cancellation passes
+            self._items.put_nowait(_Failed(err))
+
+    def __aiter__(self) -> Guarded:
+        return self
+
+    async def __anext__(self) -> Any:
+        item = await self._items.get()
+        if _ended(item) is not None:
+            raise StopAsyncIteration
+        return item
+
+    async def pump(self, sink: Callable[[Any], Awaitable[None]]) -> bool:
+        """Hand every further item to ``await sink(item)``, from the producer task itself once the
+        queued items are through; returns when ``gen`` is exhausted (True) or the client went
+        away (False), and raises what ``gen`` or ``sink`` raised."""
+        while not self._items.empty():
+            item = self._items.get_nowait()
+            if (end := _ended(item)) is not None:
+                return end
+            await sink(item)
+        self._sink = sink  # the queue is empty: from now on the producer calls sink
+        end = _ended(await self._items.get())  # only the end is queued now
+        return bool(end)
+
+    def close(self) -> None:
+        self._producer.cancel()
+        self._watcher.cancel()
+
+
+def _ended(item: Any) -> bool | None:
+    """True at the end of ``gen``, False when the client went away, None for an item; raises
+    what the producer caught."""
+    if item is _END:
+        return True
+    if item is _GONE:
+        return False
+    if isinstance(item, _Failed):
+        raise item.error
+    return None
+
+
+async def cancel_on_disconnect(request: Request, gen: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """Yield from ``gen`` (run by a ``Guarded``) until it ends or the client disconnects.
+    Invariant: when this generator is closed, the producer has been cancelled."""
+    guarded = Guarded(request, gen)
     try:
-        while True:  # one queue read per item: the watcher posts _GONE rather than being awaited
-            item = await items.get()
-            if item is _END or item is _GONE:
-                return
-            if isinstance(item, _Failed):
-                raise item.error
+        async for item in guarded:
             yield item
     finally:
-        producer.cancel()
-        watcher.cancel()
+        guarded.close()
 
 
 _END = object()  # the producer's last item: ``gen`` is exhausted
@@ -207,15 +263,6 @@ _GONE = object()  # the watcher's: the client disconnected (or the watcher ended
 @dataclass
 class _Failed:
     error: BaseException
-
-
-async def _produce(gen: AsyncIterator[Any], items: asyncio.Queue) -> None:
-    try:
-        async for item in gen:
-            items.put_nowait(item)
-        items.put_nowait(_END)
-    except Exception as err:  # noqa: BLE001 - re-raised in the consumer; a cancellation passes
-        items.put_nowait(_Failed(err))
 
 
 async def _watch_disconnect(request: Request, producer: asyncio.Task, items: asyncio.Queue) -> None:
