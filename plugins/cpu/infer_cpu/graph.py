@@ -30,10 +30,13 @@ attention backend, an fp8 KV cache, pipeline parallelism) is left to the per-op 
 also takes prefill / extend batches: every step of a bf16 model is one native call
 (``INFER_CPU_BF16_NATIVE_PREFILL=0`` leaves prefills to the per-op path).
 ``--disable-cuda-graph`` / ``--enforce-eager`` turn the runner off.
-There is no batch-size padding: the call takes any decode batch. On one rank the step runs on 1
-thread or on all of them per batch-size class, whichever measured faster (``kb.ThreadChoice``,
-as the bf16 stack does: on a shared machine a descheduled thread holds up every barrier of the
-step); ``INFER_CPU_DECODE_THREADS`` fixes the count. The kernels' results do not depend on it.
+There is no batch-size padding: the call takes any decode batch. The call runs each layer as jobs
+on the library's work pool (``kernels/infer_cpu_pool.h``, as the bf16 stack does; the per-op
+GEMM, norm and attention calls too): the calling thread never waits for a helper that another
+process keeps off its core, and a thread preempted in the middle of a unit swaps cores with the
+thread waiting for it. On one rank the step runs on 1 thread or on all of them per batch-size
+class, whichever measured faster (``kb.ThreadChoice``); ``INFER_CPU_DECODE_THREADS`` fixes the
+count. The kernels' results do not depend on it.
 """
 
 from __future__ import annotations
@@ -223,7 +226,7 @@ class NativeDecodeGraph(GraphRunner):
         if (pos.dtype != torch.int64 or slots.dtype != torch.int64 or bt.dtype != torch.int32
                 or bt.stride(1) != 1 or seq_lens.dtype != torch.int32):
             raise TypeError("decode metadata dtypes differ from what the native graph expects")
-        lib = kernels._lib()  # sizes the OpenMP team to torch's thread count
+        lib = kernels._lib()  # sizes the work pool to torch's thread count
         # one rank: the measured choice (tp: every thread)
         choice = getattr(self, "threads" if decode else "extend_threads", None)
         threads = choice.pick(h.shape[0]) if choice is not None else torch.get_num_threads()

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from infer_cpu.native_build import build, compiler, disabled
+from infer_cpu.native_build import build, compiler, disabled, pool_swap_setting
 
 if TYPE_CHECKING:
     from infer_cpu.quant.packing import QWeight
@@ -67,8 +67,10 @@ _SIGNATURES = {
                            _I, _F, _I],
     "infer_decode_layers": [ctypes.POINTER(Layer), _I, _P, _I, _I, _I, _I, _I, _I, _F, _P, _P, _I,
                             _P, _P, _L, _P, _I, _F, _P, _P, _I],
+    "infer_pool_swaps": [_I],
 }
-_RESTYPES = {"infer_kernels_isa": _I, "infer_embed_rows": _L, "infer_decode_layers": _I, "infer_tiles_bytes": ctypes.c_size_t}
+_RESTYPES = {"infer_kernels_isa": _I, "infer_embed_rows": _L, "infer_decode_layers": _I,
+             "infer_tiles_bytes": ctypes.c_size_t, "infer_pool_swaps": _I}
 
 
 @dataclass
@@ -95,6 +97,7 @@ def load() -> ctypes.CDLL | None:
                     fn = getattr(lib, name)
                     fn.argtypes = argtypes
                     fn.restype = _RESTYPES.get(name)
+                lib.infer_pool_swaps(pool_swap_setting())
                 isa = "avx2" if lib.infer_kernels_isa() == 2 else "portable C"
                 detail = f"{path} ({cc} {' '.join(flags)}; {isa})"
             except (OSError, RuntimeError, AttributeError) as e:
@@ -113,7 +116,7 @@ _threads = [0]
 
 
 def _lib() -> ctypes.CDLL | None:
-    """The library with its OpenMP team sized to torch's current thread count."""
+    """The library with its work pool sized to torch's current thread count."""
     lib = _state["lib"] if "lib" in _state else load()
     if lib is not None:
         n = torch.get_num_threads()

@@ -18,7 +18,15 @@
  *   blocks, as batch invariant (the integer-activation GEMM below). infer_qgemm (kept for measurements, unused by serving): the activations quantized per
  *   32-block to int8 with one scale (as llama.cpp's Q8 dot products do), each block an integer
  *   dot product; faster, further from the float32 reference (benchmarks/cpu_notes.md).
+ *
+ * Threads: the GEMMs, norms and attention that run every step (infer_fgemm_tiles,
+ * infer_rms_norm, infer_paged_decode, infer_decode_layers) run on the work pool of
+ * infer_cpu_pool.h, whose caller never waits for a helper that has not started; OpenMP is left
+ * to the load-time packing and infer_qgemm.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* sched_getcpu, CPU_SET: the work pool core swap */
+#endif
 #include <math.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -33,6 +41,8 @@
 #endif
 #include "infer_cpu_vmath.h"
 #include "infer_cpu_attn.h"
+#define POOL_SWAPS_FN infer_pool_swaps
+#include "infer_cpu_pool.h"
 
 #define QK 32
 
@@ -260,7 +270,7 @@ static inline void dot_q4_x4(const block_q4 *w, int nb, const int8_t *xq, const 
  * instead of four each: on AVX2 without VNNI the multiplies, conversions and FMAs share two
  * ports and bound the kernel. The Q4_1 minimum term sum_b m[n, b] xs[m, b] is a separate float
  * product per chunk (q4_chunk_mins). Integer block sums are exact; results differ from dot_q4
- * only in the order of the float sums. NC = 16 is the thread tile of infer_qgemm and share(). */
+ * only in the order of the float sums. NC = 16 is the thread tile of infer_qgemm. */
 #define TN 4
 #define TM 4
 #define NC 16
@@ -1389,8 +1399,6 @@ static void i8_rows(int kind, int wide, const float *x, int64_t x_stride, int M,
   i8_gemm(kind, &a, M, w, tiles, bias, n0, n1, y, y_stride);
 }
 
-static void share(int N, int tid, int nt, int *n0, int *n1);
-
 /* Bytes of w [N, K] (kind 4 / 8 blocks, | KIND_I8 / KIND_I16) packed into tiles for the
  * integer-activation GEMM (see packed_block), or 0 when this build's GEMM does not read packed
  * tiles for that kind (no AVX2; int8 activations on AVX-512 VNNI, whose quad tiles read other
@@ -1444,37 +1452,83 @@ void infer_pack_tiles(int kind, const void *w, int N, int K, uint8_t *out) {
 #endif
 }
 
+/* ---- GEMMs on the work pool (infer_cpu_pool.h) ----
+ * y [M, N] = in [M, K] . W^T (+ bias): the integer-activation kinds quantize the rows once (a
+ * rows job from POOL_ROWS_JOB rows, else the caller), then the units take columns in pairs of
+ * 16-column tiles, POOL_UNITS units a thread. Any thread computes a unit with the same
+ * functions, so the result does not depend on who took which. */
+#ifndef POOL_UNITS
+#define POOL_UNITS 2
+#endif
+#ifndef POOL_ROWS_JOB
+#define POOL_ROWS_JOB 64
+#endif
+typedef struct {
+  int kind, M, K, N, per;
+  const float *in, *bias;
+  int64_t in_s, ys;
+  const void *w;
+  const uint8_t *tiles;
+  float *y;
+  i8_act a; /* in's rows as integer codes (the integer-activation kinds) */
+  /* the decode graph's down projection on one rank: also h = res + y in the unit's columns */
+  float *h;
+  const float *res;
+  int hidden;
+} gemm_job;
+static __thread scratch tl_wf; /* fgemm_rows' dequantized weight rows */
+
+static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+static void gemm_quant_unit(void *p, int u, int w) { /* rows [8 u, 8 u + 8) */
+  gemm_job *g = (gemm_job *)p;
+  (void)w;
+  for (int m = 8 * u; m < g->M && m < 8 * u + 8; m++) i8_quantize_row(g->in + m * g->in_s, &g->a, m);
+}
+
+static void gemm_col_unit(void *p, int u, int w) { /* columns [u per, (u + 1) per) */
+  gemm_job *g = (gemm_job *)p;
+  int n0 = u * g->per, n1 = n0 + g->per < g->N ? n0 + g->per : g->N;
+  (void)w;
+  if (n0 >= n1) return;
+  if (g->kind & KIND_INT)
+    i8_gemm(g->kind & ~KIND_INT, &g->a, g->M, g->w, g->tiles, g->bias, n0, n1, g->y, g->ys);
+  else
+    fgemm_rows(g->kind, g->in, g->in_s, g->M, g->K, g->w, NULL, g->bias, n0, n1, g->y, g->ys,
+               (float *)scratch_get(&tl_wf, sizeof(float) * FR * (size_t)g->K));
+  if (g->h != NULL)
+    for (int m = 0; m < g->M; m++)
+      for (int c = n0; c < n1; c++)
+        g->h[(int64_t)m * g->hidden + c] = g->res[(int64_t)m * g->hidden + c] + g->y[(int64_t)m * g->ys + c];
+}
+
+/* Run g on nt threads; codes: i8_act_bytes(M, K, 1) bytes, 64-byte aligned (integer kinds). */
+static void gemm_run(gemm_job *g, char *codes, int nt) {
+  if (g->kind & KIND_INT) {
+    g->a = i8_layout(g->M, g->K, (g->kind & KIND_I16) != 0, codes);
+    if (g->M >= POOL_ROWS_JOB)
+      pool_run(gemm_quant_unit, g, ceil_div(g->M, 8), nt);
+    else
+      for (int m = 0; m < g->M; m++) i8_quantize_row(g->in + m * g->in_s, &g->a, m);
+  }
+  int per = ceil_div(ceil_div(g->N, 16), POOL_UNITS * nt);
+  per += per & 1; /* whole pairs: the two-tile kernel */
+  g->per = 16 * per;
+  pool_run(gemm_col_unit, g, ceil_div(g->N, g->per), nt);
+}
+
 /* y [M, N] (row stride y_stride) = x [M, K] (row stride x_stride) . W^T (+ bias): kind 4 =
  * block_q4 weights, kind 8 = block_q8, both [N, K/32] blocks; | KIND_I8: int8 activations,
- * | KIND_I16: int16 activations. Batch invariant in every case (see above). */
+ * | KIND_I16: int16 activations. Batch invariant in every case (see above). On the work pool. */
 void infer_fgemm_tiles(int kind, const float *x, int64_t x_stride, int M, int K, const void *w,
                        const uint8_t *tiles, const float *bias, int N, float *y, int64_t y_stride) {
-  char *act = NULL;
-  i8_act a;
-  if (kind & KIND_INT) { /* quantize the rows once, split across the threads */
-    int wide = (kind & KIND_I16) != 0;
-    act = (char *)aligned_alloc(64, (i8_act_bytes(M, K, wide) + 63) & ~(size_t)63);
-    a = i8_layout(M, K, wide, act);
-#pragma omp parallel for num_threads(M >= 4 ? g_threads : 1) schedule(static)
-    for (int m = 0; m < M; m++) i8_quantize_row(x + (int64_t)m * x_stride, &a, m);
-  }
-#pragma omp parallel num_threads(g_threads)
-  {
-    int nt = 1, tid = 0, n0, n1;
-#ifdef _OPENMP
-    nt = omp_get_num_threads();
-    tid = omp_get_thread_num();
-#endif
-    share(N, tid, nt, &n0, &n1);
-    if (act) {
-      if (n0 < n1) i8_gemm(kind & ~KIND_INT, &a, M, w, tiles, bias, n0, n1, y, y_stride);
-    } else {
-      float *wf = (float *)aligned_alloc(32, sizeof(float) * FR * (size_t)K);
-      fgemm_rows(kind, x, x_stride, M, K, w, NULL, bias, n0, n1, y, y_stride, wf);
-      free(wf);
-    }
-  }
-  free(act);
+  char *codes = NULL;
+  if (kind & KIND_INT)
+    codes = (char *)aligned_alloc(64, (i8_act_bytes(M, K, (kind & KIND_I16) != 0) + 63) & ~(size_t)63);
+  gemm_job g = {.kind = kind, .M = M, .K = K, .N = N, .in = x, .bias = bias, .in_s = x_stride,
+                .ys = y_stride, .w = w, .tiles = (kind & KIND_INT) ? tiles : NULL, .y = y};
+  gemm_run(&g, codes, g_threads);
+  free(codes);
 }
 
 /* infer_fgemm_tiles without packed tiles. */
@@ -1501,17 +1555,31 @@ static void add_rms_row(const float *x, const float *residual, const float *w, f
 
 /* out = w * x / sqrt(mean(x^2) + eps) per row; with residual != NULL first x += residual and the
  * sum is written to res_out (the fused residual add of a pre-norm block). */
+typedef struct {
+  const float *x, *residual, *w;
+  int64_t x_stride, r_stride;
+  float *res_out, *out;
+  int rows, dim;
+  float eps;
+} norm_job;
+
+static void norm_unit(void *p, int u, int worker) { /* rows [8 u, 8 u + 8) */
+  const norm_job *j = (const norm_job *)p;
+  (void)worker;
+  for (int r = 8 * u; r < j->rows && r < 8 * u + 8; r++) {
+    const float *xr = j->x + (int64_t)r * j->x_stride;
+    if (j->residual)
+      add_rms_row(xr, j->residual + (int64_t)r * j->r_stride, j->w, j->res_out + (int64_t)r * j->dim,
+                  j->out + (int64_t)r * j->dim, j->dim, j->eps);
+    else
+      rms_row(xr, j->w, j->out + (int64_t)r * j->dim, j->dim, j->eps);
+  }
+}
+
 void infer_rms_norm(const float *x, int64_t x_stride, const float *residual, int64_t r_stride,
                     float *res_out, const float *w, float *out, int rows, int dim, float eps) {
-#pragma omp parallel for num_threads(rows >= 4 ? g_threads : 1) schedule(static)
-  for (int r = 0; r < rows; r++) {
-    const float *xr = x + (int64_t)r * x_stride;
-    if (residual)
-      add_rms_row(xr, residual + (int64_t)r * r_stride, w, res_out + (int64_t)r * dim,
-                  out + (int64_t)r * dim, dim, eps);
-    else
-      rms_row(xr, w, out + (int64_t)r * dim, dim, eps);
-  }
+  norm_job j = {x, residual, w, x_stride, r_stride, res_out, out, rows, dim, eps};
+  pool_run(norm_unit, &j, ceil_div(rows, 8), rows >= 16 ? g_threads : 1);
 }
 
 /* In-place rotate-half rotary embedding of q [T, H, D] and k [T, Hkv, D] (row strides q_stride,
@@ -1753,10 +1821,17 @@ static int attend_split(const decode_attn *a, int tid, int nt) {
   return u;
 }
 
-/* Thread tid's share of the attention units: contiguous (a thread reads whole cache rows of its
- * sequences), balanced by keys read. */
-static void attend_share(const decode_attn *a, int tid, int nt) {
-  attend_units(a, attend_split(a, tid, nt), attend_split(a, tid + 1, nt));
+/* Chunk u of the attention units split in `units` chunks: contiguous (a chunk reads whole cache
+ * rows of its sequences), balanced by keys read. */
+typedef struct {
+  const decode_attn *a;
+  int units;
+} attn_job;
+
+static void attn_chunk_unit(void *p, int u, int worker) {
+  const attn_job *j = (const attn_job *)p;
+  (void)worker;
+  attend_units(j->a, attend_split(j->a, u, j->units), attend_split(j->a, u + 1, j->units));
 }
 
 /* The new tokens' k/v rows (row stride k_stride / v_stride, row floats each) into the caches at
@@ -1797,15 +1872,8 @@ void infer_paged_decode(const float *q, int64_t q_stride, const float *k, int64_
   write_kv(k, k_stride, v, v_stride, k_cache, v_cache, kv16, slots, B, (int64_t)Hkv * D);
   decode_attn a = {q, q_stride, k_cache, v_cache, kv16, block_tables, bt_stride, seq_lens, out,
                    B, H, Hkv, D, page, scale};
-#pragma omp parallel num_threads(B * Hkv >= 2 ? g_threads : 1)
-  {
-    int nt = 1, tid = 0;
-#ifdef _OPENMP
-    nt = omp_get_num_threads();
-    tid = omp_get_thread_num();
-#endif
-    attend_share(&a, tid, nt);
-  }
+  attn_job j = {&a, B * Hkv < POOL_UNITS * g_threads ? B * Hkv : POOL_UNITS * g_threads};
+  pool_run(attn_chunk_unit, &j, j.units, g_threads);
 }
 
 /* ---- A whole decode step of a Llama-family decoder stack in one call (the CPU graph runner) ----
@@ -1822,64 +1890,90 @@ typedef struct {
   const uint8_t *tqkv, *to, *tgu, *tdown; /* the projections' packed tiles, or NULL */
 } infer_layer;
 
-/* A barrier for the threads of one parallel region: spin briefly (the other thread is usually
- * microseconds behind), then yield the core (on shared machines the peer may be descheduled). */
-typedef struct {
-  atomic_int arrived, phase;
-  int n;
-} spin_barrier;
-
-static void spin_wait(spin_barrier *b) {
-  if (b->n <= 1) return;
-  int ph = atomic_load_explicit(&b->phase, memory_order_acquire);
-  if (atomic_fetch_add_explicit(&b->arrived, 1, memory_order_acq_rel) == b->n - 1) {
-    atomic_store_explicit(&b->arrived, 0, memory_order_relaxed);
-    atomic_fetch_add_explicit(&b->phase, 1, memory_order_release);
-    return;
-  }
-  for (int spins = 0; atomic_load_explicit(&b->phase, memory_order_acquire) == ph; spins++) {
-    if (spins < 4000) {
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
-    } else {
-      sched_yield();
-    }
-  }
-}
-
-/* silu(gate) * up of the B rows of gu [B, 2I] for the down projection: few rows, every thread
- * computes all of them into its own buffer (no barrier); four or more, the rows are split
- * across the threads into a shared buffer, then a barrier. Returns the buffer to read. */
-static float *silu_team(const float *gu, int B, int I, float *mine, float *shared, int tid, int nt,
-                        spin_barrier *bar) {
-  if (B < 4 || nt == 1) {
-    for (int m = 0; m < B; m++) silu_mul_row(gu + (int64_t)m * 2 * I, mine + (int64_t)m * I, I);
-    return mine;
-  }
-  for (int m = tid; m < B; m += nt) silu_mul_row(gu + (int64_t)m * 2 * I, shared + (int64_t)m * I, I);
-  spin_wait(bar);
-  return shared;
-}
-
-/* This thread's share [n0, n1) of N output rows, in tiles of 16. */
-static void share(int N, int tid, int nt, int *n0, int *n1) {
-  int tiles = (N + 15) / 16, per = (tiles + nt - 1) / nt;
-  *n0 = tid * per * 16 < N ? tid * per * 16 : N;
-  *n1 = (tid + 1) * per * 16 < N ? (tid + 1) * per * 16 : N;
-}
-
 /* Sums x [n] across the tensor-parallel ranks in place; non-zero when it cannot (a peer died). */
 typedef int (*infer_all_reduce_fn)(void *state, float *x, int64_t n);
 
-/* The threads stay in one parallel region for the whole step and meet at five or six spin
- * barriers per layer (one per GEMM, attention, and the thread-0 rotary/KV write); the small
- * row-wise work (norms, and the SiLU gate of a small batch) is repeated by every thread on
- * private buffers rather than synchronised. Every output is computed by the same functions as
- * the per-op path, in the same order, so the two paths agree exactly.
- * Tensor parallelism: the weights are this rank's shard (H, Hkv, inter local) and all_reduce
+/* One call of infer_decode_layers on the work pool (infer_cpu_pool.h): the calling thread runs
+ * each layer as pool jobs (the projections' columns, the attention's units, and from
+ * GRAPH_ROWS_JOB rows the row-wise steps), and the small serial steps between them (rotary, the
+ * KV write, the all-reduce, and the row-wise steps of smaller batches). A unit is computed by the
+ * same functions as the per-op path, whichever thread takes it, so both paths agree exactly. */
+#ifndef GRAPH_ROWS_JOB
+#define GRAPH_ROWS_JOB 64
+#endif
+typedef struct {
+  int B, hidden, H, Hkv, D, inter;
+  float eps;
+  float *h, *x, *res, *gu, *act;
+  gemm_job g;          /* the current projection */
+  const float *y;      /* the row steps' input: o (add_norm) or the down output (resid) */
+  const float *norm_w; /* the row steps' norm weight */
+  decode_attn at;
+  int attn_units;
+} graph_job;
+
+/* fn over the B rows in units of 8: on the pool from `from` rows, else by the caller. */
+static void graph_rows(graph_job *j, pool_fn fn, int from, int nt) {
+  if (j->B >= from)
+    pool_run(fn, j, ceil_div(j->B, 8), nt);
+  else
+    for (int u = 0; u < ceil_div(j->B, 8); u++) fn(j, u, 0);
+}
+
+/* y = in . W^T (+ bias) of the layer's B rows (gemm_run); resid: also h = res + y. */
+static void graph_gemm(graph_job *j, int kind, const float *in, int64_t in_s, int K, const void *w,
+                       const uint8_t *tiles, const float *bias, float *y, int64_t ys, int N,
+                       int resid, char *codes, int nt) {
+  gemm_job g = {.kind = kind, .M = j->B, .K = K, .N = N, .in = in, .bias = bias, .in_s = in_s,
+                .ys = ys, .w = w, .tiles = tiles, .y = y, .h = resid ? j->h : NULL, .res = j->res,
+                .hidden = j->hidden};
+  j->g = g;
+  gemm_run(&j->g, codes, nt);
+  j->y = y;
+}
+
+static void graph_norm_unit(void *p, int u, int w) { /* x = rms_norm(h) with norm_w */
+  graph_job *j = (graph_job *)p;
+  (void)w;
+  for (int m = 8 * u; m < j->B && m < 8 * u + 8; m++)
+    rms_row(j->h + (int64_t)m * j->hidden, j->norm_w, j->x + (int64_t)m * j->hidden, j->hidden, j->eps);
+}
+
+static void graph_add_norm_unit(void *p, int u, int w) { /* res = o + h, x = rms_norm(res) */
+  graph_job *j = (graph_job *)p;
+  (void)w;
+  for (int m = 8 * u; m < j->B && m < 8 * u + 8; m++) {
+    int64_t at = (int64_t)m * j->hidden;
+    add_rms_row(j->y + at, j->h + at, j->norm_w, j->res + at, j->x + at, j->hidden, j->eps);
+  }
+}
+
+static void graph_silu_unit(void *p, int u, int w) { /* act = silu(g) * u of gu */
+  graph_job *j = (graph_job *)p;
+  (void)w;
+  for (int m = 8 * u; m < j->B && m < 8 * u + 8; m++)
+    silu_mul_row(j->gu + (int64_t)m * 2 * j->inter, j->act + (int64_t)m * j->inter, j->inter);
+}
+
+static void graph_resid_unit(void *p, int u, int w) { /* h = res + y (after the all-reduce) */
+  graph_job *j = (graph_job *)p;
+  (void)w;
+  for (int m = 8 * u; m < j->B && m < 8 * u + 8; m++)
+    for (int c = 0; c < j->hidden; c++)
+      j->h[(int64_t)m * j->hidden + c] = j->res[(int64_t)m * j->hidden + c] + j->y[(int64_t)m * j->hidden + c];
+}
+
+/* Attention chunk u of attn_units: the (sequence, KV head) units in order, split where the keys
+ * read pass u / attn_units of all of them. */
+static void graph_attn_unit(void *p, int u, int w) {
+  graph_job *j = (graph_job *)p;
+  (void)w;
+  attend_units(&j->at, attend_split(&j->at, u, j->attn_units), attend_split(&j->at, u + 1, j->attn_units));
+}
+
+/* Tensor parallelism: the weights are this rank's shard (H, Hkv, inter local) and all_reduce
  * (NULL on one rank) sums the o and down projections' partial outputs across ranks, called by
- * thread 0 between two barriers, where the per-op path calls the communicator. Returns 0, or the
+ * the calling thread where the per-op path calls the communicator. Returns 0, or the
  * all-reduce's error (the step stops there; h is then undefined). */
 int infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int B, int hidden,
                         int H, int Hkv, int D, int inter, float eps, const int64_t *pos,
@@ -1887,91 +1981,65 @@ int infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int B
                         const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
                         int page, float scale, infer_all_reduce_fn all_reduce, void *ar_state,
                         int kv16) {
-  int qkv_w = (H + 2 * Hkv) * D, att_w = H * D;
-  int kmax = hidden > att_w ? hidden : att_w;
+  int qkv_w = (H + 2 * Hkv) * D, att_w = H * D, nt = g_threads < POOL_MAX ? g_threads : POOL_MAX;
+  int kmax = hidden > att_w ? hidden : att_w, failed = 0;
   kmax = kmax > inter ? kmax : inter;
+  size_t codes_bytes = (i8_act_bytes(B, kmax, 1) + 63) & ~(size_t)63;
   float *qkv = (float *)malloc(sizeof(float) * (size_t)B * qkv_w);
   float *att = (float *)malloc(sizeof(float) * (size_t)B * att_w);
   float *o = (float *)malloc(sizeof(float) * (size_t)B * hidden);
   float *gu = (float *)malloc(sizeof(float) * (size_t)B * 2 * inter);
-  float *act = (float *)malloc(sizeof(float) * (size_t)B * inter); /* shared SiLU gate rows */
-  float *dn = (float *)malloc(sizeof(float) * (size_t)B * hidden); /* down rows, by columns */
-  atomic_int failed;
-  atomic_init(&failed, 0);
-  spin_barrier bar;
-  atomic_init(&bar.arrived, 0);
-  atomic_init(&bar.phase, 0);
-  bar.n = 1;
-#pragma omp parallel num_threads(g_threads)
-  {
-    int nt = 1, tid = 0;
-#ifdef _OPENMP
-    nt = omp_get_num_threads();
-    tid = omp_get_thread_num();
-#endif
-#pragma omp single
-    bar.n = nt; /* the implied barrier publishes it */
-    float *x = (float *)malloc(sizeof(float) * (size_t)B * hidden);
-    float *res = (float *)malloc(sizeof(float) * (size_t)B * hidden);
-    float *mine = (float *)malloc(sizeof(float) * (size_t)B * inter);
-    float *wf = (float *)aligned_alloc(32, sizeof(float) * FR * (size_t)kmax);
-    int n0, n1;
-    int64_t row = (int64_t)Hkv * D;
-    for (int l = 0; l < n_layers; l++) {
-      const infer_layer *L = layers + l;
-      for (int m = 0; m < B; m++) rms_row(h + (int64_t)m * hidden, L->in_norm, x + (int64_t)m * hidden, hidden, eps);
-      share(qkv_w, tid, nt, &n0, &n1);
-      fgemm_rows(L->kind_qkv, x, hidden, B, hidden, L->wqkv, L->tqkv, L->bqkv, n0, n1, qkv, qkv_w, wf);
-      spin_wait(&bar);
-      if (tid == 0) {
-        infer_rope(pos, qkv, qkv_w, H, qkv + (int64_t)H * D, qkv_w, Hkv, B, D, rot_dim, cos_sin);
-        write_kv(qkv + (int64_t)H * D, qkv_w, qkv + (int64_t)(H + Hkv) * D, qkv_w, L->k_cache,
-                 L->v_cache, kv16, slots, B, row);
-      }
-      spin_wait(&bar);
-      decode_attn at = {qkv, qkv_w, L->k_cache, L->v_cache, kv16, block_tables, bt_stride, seq_lens,
-                        att, B, H, Hkv, D, page, scale};
-      attend_share(&at, tid, nt);
-      spin_wait(&bar);
-      share(hidden, tid, nt, &n0, &n1);
-      fgemm_rows(L->kind_o, att, att_w, B, att_w, L->wo, L->to, NULL, n0, n1, o, hidden, wf);
-      spin_wait(&bar);
-      if (all_reduce != NULL) {
-        if (tid == 0 && all_reduce(ar_state, o, (int64_t)B * hidden)) atomic_store(&failed, 1);
-        spin_wait(&bar);
-        if (atomic_load(&failed)) break;
-      }
-      for (int m = 0; m < B; m++) { /* res = o + h, x = norm(res) */
-        int64_t at = (int64_t)m * hidden;
-        add_rms_row(o + at, h + at, L->post_norm, res + at, x + at, hidden, eps);
-      }
-      share(2 * inter, tid, nt, &n0, &n1);
-      fgemm_rows(L->kind_gu, x, hidden, B, hidden, L->wgu, L->tgu, NULL, n0, n1, gu, 2 * inter, wf);
-      spin_wait(&bar);
-      const float *a = silu_team(gu, B, inter, mine, act, tid, nt, &bar);
-      share(hidden, tid, nt, &n0, &n1);
-      fgemm_rows(L->kind_down, a, inter, B, inter, L->wdown, L->tdown, NULL, n0, n1, dn, hidden, wf);
-      if (all_reduce != NULL) {
-        spin_wait(&bar);
-        if (tid == 0 && all_reduce(ar_state, dn, (int64_t)B * hidden)) atomic_store(&failed, 1);
-        spin_wait(&bar);
-        if (atomic_load(&failed)) break;
-      }
-      for (int m = 0; m < B; m++) /* this thread's columns of h <- res + down */
-        for (int j = n0; j < n1; j++) h[(int64_t)m * hidden + j] = res[(int64_t)m * hidden + j] + dn[(int64_t)m * hidden + j];
-      spin_wait(&bar);
+  float *act = (float *)malloc(sizeof(float) * (size_t)B * inter);
+  float *dn = (float *)malloc(sizeof(float) * (size_t)B * hidden);
+  float *x = (float *)malloc(sizeof(float) * (size_t)B * hidden);
+  float *res = (float *)malloc(sizeof(float) * (size_t)B * hidden);
+  char *codes = (char *)aligned_alloc(64, codes_bytes);
+  graph_job j = {.B = B, .hidden = hidden, .H = H, .Hkv = Hkv, .D = D, .inter = inter, .eps = eps,
+                 .h = h, .x = x, .res = res, .gu = gu, .act = act};
+  j.attn_units = B * Hkv < POOL_UNITS * nt ? B * Hkv : POOL_UNITS * nt;
+  int64_t row = (int64_t)Hkv * D;
+  for (int l = 0; l < n_layers && !failed; l++) {
+    const infer_layer *L = layers + l;
+    j.norm_w = L->in_norm;
+    graph_rows(&j, graph_norm_unit, GRAPH_ROWS_JOB, nt);
+    graph_gemm(&j, L->kind_qkv, x, hidden, hidden, L->wqkv, L->tqkv, L->bqkv, qkv, qkv_w, qkv_w, 0,
+               codes, nt);
+    infer_rope(pos, qkv, qkv_w, H, qkv + (int64_t)H * D, qkv_w, Hkv, B, D, rot_dim, cos_sin);
+    write_kv(qkv + (int64_t)H * D, qkv_w, qkv + (int64_t)(H + Hkv) * D, qkv_w, L->k_cache,
+             L->v_cache, kv16, slots, B, row);
+    decode_attn at = {qkv, qkv_w, L->k_cache, L->v_cache, kv16, block_tables, bt_stride, seq_lens,
+                      att, B, H, Hkv, D, page, scale};
+    j.at = at;
+    pool_run(graph_attn_unit, &j, j.attn_units, nt);
+    graph_gemm(&j, L->kind_o, att, att_w, att_w, L->wo, L->to, NULL, o, hidden, hidden, 0, codes, nt);
+    if (all_reduce != NULL && all_reduce(ar_state, o, (int64_t)B * hidden)) {
+      failed = 1;
+      break;
     }
-    free(x);
-    free(res);
-    free(mine);
-    free(wf);
+    j.norm_w = L->post_norm; /* graph_add_norm_unit reads o as j.y */
+    graph_rows(&j, graph_add_norm_unit, GRAPH_ROWS_JOB, nt);
+    graph_gemm(&j, L->kind_gu, x, hidden, hidden, L->wgu, L->tgu, NULL, gu, 2 * inter, 2 * inter, 0,
+               codes, nt);
+    graph_rows(&j, graph_silu_unit, 16, nt);
+    graph_gemm(&j, L->kind_down, act, inter, inter, L->wdown, L->tdown, NULL, dn, hidden, hidden,
+               all_reduce == NULL, codes, nt);
+    if (all_reduce != NULL) {
+      if (all_reduce(ar_state, dn, (int64_t)B * hidden)) {
+        failed = 1;
+        break;
+      }
+      graph_rows(&j, graph_resid_unit, GRAPH_ROWS_JOB, nt);
+    }
   }
+  free(codes);
   free(qkv);
   free(att);
   free(o);
   free(gu);
   free(act);
   free(dn);
-  return atomic_load(&failed) ? -1 : 0;
+  free(x);
+  free(res);
+  return failed ? -1 : 0;
 }
 
