@@ -19,8 +19,9 @@
  * that hold units (their CPU-time clocks); one that gets less than a quarter of the wall time
  * over POOL_WATCH_NS is off its core, and the two swap cores: the holder is pinned to the
  * waiter's CPU, which the waiter leaves for the holder's, so the unit finishes at once while the
- * waiter (which has nothing to do) queues behind the other process. Each restores its own
- * affinity (as the pool first saw it) once the unit is done. Results do not depend on which
+ * waiter (which has nothing to do) queues behind the other process, and the two threads stay on
+ * two cores. Each restores its own affinity (as the pool first saw it) once the unit is done. A
+ * waiter whose holder is queued on its own CPU yields at once rather than spinning. Results do not depend on which
  * thread runs a unit or where, so outputs are unchanged.
  */
 #ifndef INFER_CPU_POOL_H
@@ -159,6 +160,13 @@ static void pool_wait(int w, uint64_t t, int units) {
       sched_yield();
 #ifdef POOL_SWAP
     if (swapped || (spins & 63) != 63) continue;
+    int here = sched_getcpu(), shared = 0, nt0 = atomic_load(&g_pool.job_nt);
+    for (int v = 0; v < nt0 && v < POOL_MAX; v++) /* a holder queued behind this thread */
+      shared |= v != w && atomic_load(&g_pool.slot[v].busy) && g_pool.slot[v].cpu == here;
+    if (shared) {
+      sched_yield();
+      continue;
+    }
     int64_t now = pool_ns(CLOCK_MONOTONIC);
     if (since < 0) since = now; /* the first POOL_WATCH_NS: a unit usually ends within it */
     if (now - since < POOL_WATCH_NS) continue;
