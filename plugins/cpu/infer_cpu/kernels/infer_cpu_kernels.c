@@ -1834,6 +1834,13 @@ static void attn_chunk_unit(void *p, int u, int worker) {
   attend_units(j->a, attend_split(j->a, u, j->units), attend_split(j->a, u + 1, j->units));
 }
 
+/* Every attention unit of a, in POOL_UNITS chunks a thread (at most one a unit), on the pool. */
+static void attend_pool(const decode_attn *a, int nt) {
+  int all = a->B * a->Hkv;
+  attn_job j = {a, all < POOL_UNITS * nt ? all : POOL_UNITS * nt};
+  pool_run(attn_chunk_unit, &j, j.units, nt);
+}
+
 /* The new tokens' k/v rows (row stride k_stride / v_stride, row floats each) into the caches at
  * slots[b]: copied, or rounded to bf16 (kv16 1) or fp16 (kv16 2). */
 static void write_kv(const float *k, int64_t k_stride, const float *v, int64_t v_stride,
@@ -1872,8 +1879,7 @@ void infer_paged_decode(const float *q, int64_t q_stride, const float *k, int64_
   write_kv(k, k_stride, v, v_stride, k_cache, v_cache, kv16, slots, B, (int64_t)Hkv * D);
   decode_attn a = {q, q_stride, k_cache, v_cache, kv16, block_tables, bt_stride, seq_lens, out,
                    B, H, Hkv, D, page, scale};
-  attn_job j = {&a, B * Hkv < POOL_UNITS * g_threads ? B * Hkv : POOL_UNITS * g_threads};
-  pool_run(attn_chunk_unit, &j, j.units, g_threads);
+  attend_pool(&a, g_threads);
 }
 
 /* ---- A whole decode step of a Llama-family decoder stack in one call (the CPU graph runner) ----
@@ -1895,21 +1901,15 @@ typedef int (*infer_all_reduce_fn)(void *state, float *x, int64_t n);
 
 /* One call of infer_decode_layers on the work pool (infer_cpu_pool.h): the calling thread runs
  * each layer as pool jobs (the projections' columns, the attention's units, and from
- * GRAPH_ROWS_JOB rows the row-wise steps), and the small serial steps between them (rotary, the
+ * POOL_ROWS_JOB rows the row-wise steps), and the small serial steps between them (rotary, the
  * KV write, the all-reduce, and the row-wise steps of smaller batches). A unit is computed by the
  * same functions as the per-op path, whichever thread takes it, so both paths agree exactly. */
-#ifndef GRAPH_ROWS_JOB
-#define GRAPH_ROWS_JOB 64
-#endif
 typedef struct {
-  int B, hidden, H, Hkv, D, inter;
+  int B, hidden, inter;
   float eps;
   float *h, *x, *res, *gu, *act;
-  gemm_job g;          /* the current projection */
   const float *y;      /* the row steps' input: o (add_norm) or the down output (resid) */
   const float *norm_w; /* the row steps' norm weight */
-  decode_attn at;
-  int attn_units;
 } graph_job;
 
 /* fn over the B rows in units of 8: on the pool from `from` rows, else by the caller. */
@@ -1927,8 +1927,7 @@ static void graph_gemm(graph_job *j, int kind, const float *in, int64_t in_s, in
   gemm_job g = {.kind = kind, .M = j->B, .K = K, .N = N, .in = in, .bias = bias, .in_s = in_s,
                 .ys = ys, .w = w, .tiles = tiles, .y = y, .h = resid ? j->h : NULL, .res = j->res,
                 .hidden = j->hidden};
-  j->g = g;
-  gemm_run(&j->g, codes, nt);
+  gemm_run(&g, codes, nt);
   j->y = y;
 }
 
@@ -1963,14 +1962,6 @@ static void graph_resid_unit(void *p, int u, int w) { /* h = res + y (after the 
       j->h[(int64_t)m * j->hidden + c] = j->res[(int64_t)m * j->hidden + c] + j->y[(int64_t)m * j->hidden + c];
 }
 
-/* Attention chunk u of attn_units: the (sequence, KV head) units in order, split where the keys
- * read pass u / attn_units of all of them. */
-static void graph_attn_unit(void *p, int u, int w) {
-  graph_job *j = (graph_job *)p;
-  (void)w;
-  attend_units(&j->at, attend_split(&j->at, u, j->attn_units), attend_split(&j->at, u + 1, j->attn_units));
-}
-
 /* Tensor parallelism: the weights are this rank's shard (H, Hkv, inter local) and all_reduce
  * (NULL on one rank) sums the o and down projections' partial outputs across ranks, called by
  * the calling thread where the per-op path calls the communicator. Returns 0, or the
@@ -1994,14 +1985,13 @@ int infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int B
   float *x = (float *)malloc(sizeof(float) * (size_t)B * hidden);
   float *res = (float *)malloc(sizeof(float) * (size_t)B * hidden);
   char *codes = (char *)aligned_alloc(64, codes_bytes);
-  graph_job j = {.B = B, .hidden = hidden, .H = H, .Hkv = Hkv, .D = D, .inter = inter, .eps = eps,
-                 .h = h, .x = x, .res = res, .gu = gu, .act = act};
-  j.attn_units = B * Hkv < POOL_UNITS * nt ? B * Hkv : POOL_UNITS * nt;
+  graph_job j = {.B = B, .hidden = hidden, .inter = inter, .eps = eps, .h = h, .x = x, .res = res,
+                 .gu = gu, .act = act};
   int64_t row = (int64_t)Hkv * D;
-  for (int l = 0; l < n_layers && !failed; l++) {
+  for (int l = 0; l < n_layers; l++) {
     const infer_layer *L = layers + l;
     j.norm_w = L->in_norm;
-    graph_rows(&j, graph_norm_unit, GRAPH_ROWS_JOB, nt);
+    graph_rows(&j, graph_norm_unit, POOL_ROWS_JOB, nt);
     graph_gemm(&j, L->kind_qkv, x, hidden, hidden, L->wqkv, L->tqkv, L->bqkv, qkv, qkv_w, qkv_w, 0,
                codes, nt);
     infer_rope(pos, qkv, qkv_w, H, qkv + (int64_t)H * D, qkv_w, Hkv, B, D, rot_dim, cos_sin);
@@ -2009,15 +1999,14 @@ int infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int B
              L->v_cache, kv16, slots, B, row);
     decode_attn at = {qkv, qkv_w, L->k_cache, L->v_cache, kv16, block_tables, bt_stride, seq_lens,
                       att, B, H, Hkv, D, page, scale};
-    j.at = at;
-    pool_run(graph_attn_unit, &j, j.attn_units, nt);
+    attend_pool(&at, nt);
     graph_gemm(&j, L->kind_o, att, att_w, att_w, L->wo, L->to, NULL, o, hidden, hidden, 0, codes, nt);
     if (all_reduce != NULL && all_reduce(ar_state, o, (int64_t)B * hidden)) {
       failed = 1;
       break;
     }
     j.norm_w = L->post_norm; /* graph_add_norm_unit reads o as j.y */
-    graph_rows(&j, graph_add_norm_unit, GRAPH_ROWS_JOB, nt);
+    graph_rows(&j, graph_add_norm_unit, POOL_ROWS_JOB, nt);
     graph_gemm(&j, L->kind_gu, x, hidden, hidden, L->wgu, L->tgu, NULL, gu, 2 * inter, 2 * inter, 0,
                codes, nt);
     graph_rows(&j, graph_silu_unit, 16, nt);
@@ -2028,7 +2017,7 @@ int infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int B
         failed = 1;
         break;
       }
-      graph_rows(&j, graph_resid_unit, GRAPH_ROWS_JOB, nt);
+      graph_rows(&j, graph_resid_unit, POOL_ROWS_JOB, nt);
     }
   }
   free(codes);

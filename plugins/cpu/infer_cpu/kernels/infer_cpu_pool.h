@@ -116,7 +116,7 @@ static inline void pool_restore(int w) {
 }
 
 /* Worker w (the calling thread) swaps cores with worker v, which holds a unit and is off its
- * core: v is pinned to w's CPU and w to v's. Returns 1 when both pins took. */
+ * core: v is pinned to w's CPU and w to v's. Returns 1 when v's pin took (w's own may not). */
 static int pool_swap(int w, int v) {
 #ifdef POOL_SWAP
   if (g_pool.no_swap) return 0;
@@ -160,8 +160,9 @@ static void pool_wait(int w, uint64_t t, int units) {
       sched_yield();
 #ifdef POOL_SWAP
     if (swapped || (spins & 63) != 63) continue;
-    int here = sched_getcpu(), shared = 0, nt0 = atomic_load(&g_pool.job_nt);
-    for (int v = 0; v < nt0 && v < POOL_MAX; v++) /* a holder queued behind this thread */
+    int here = sched_getcpu(), shared = 0, nt = atomic_load(&g_pool.job_nt);
+    nt = nt < POOL_MAX ? nt : POOL_MAX;
+    for (int v = 0; v < nt; v++) /* a holder queued behind this thread */
       shared |= v != w && atomic_load(&g_pool.slot[v].busy) && g_pool.slot[v].cpu == here;
     if (shared) {
       sched_yield();
@@ -170,8 +171,7 @@ static void pool_wait(int w, uint64_t t, int units) {
     int64_t now = pool_ns(CLOCK_MONOTONIC);
     if (since < 0) since = now; /* the first POOL_WATCH_NS: a unit usually ends within it */
     if (now - since < POOL_WATCH_NS) continue;
-    int nt = atomic_load(&g_pool.job_nt);
-    for (int v = 0; v < nt && v < POOL_MAX && !swapped; v++) {
+    for (int v = 0; v < nt && !swapped; v++) {
       if (v == w) continue;
       int64_t c = atomic_load(&g_pool.slot[v].busy) ? pool_ns(g_pool.slot[v].clock) : -1;
       if (sampled && c >= 0 && cpu0[v] >= 0 && (c - cpu0[v]) * 4 < now - since)
