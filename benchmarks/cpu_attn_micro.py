@@ -11,6 +11,7 @@ scattered. LM head: 49152 x 576 Q8_0 rows against M float32 activation rows.
     python benchmarks/cpu_attn_micro.py --compare HEAD
     python benchmarks/cpu_attn_micro.py --compare /tmp/old.c -b 32 --page 1 16 --no-lm-head
     python benchmarks/cpu_attn_micro.py --kv float32 fp16 bf16 -b 32 --page 16 --no-lm-head
+    python benchmarks/cpu_attn_micro.py --compare HEAD --compare-16-bit --kv fp16 -b 8 32 --page 1 --no-lm-head
 """
 
 from __future__ import annotations
@@ -114,7 +115,10 @@ def main() -> None:
     ap.add_argument("-m", "--rows", type=int, nargs="+", default=[1, 32],
                     help="LM-head activation rows")
     ap.add_argument("--kv", nargs="+", default=["float32"], choices=list(KV_DTYPES),
-                    help="cache dtypes (bf16, fp16: the working tree's kernels only)")
+                    help="cache dtypes (bf16, fp16: the working tree's kernels only, unless "
+                         "--compare-16-bit)")
+    ap.add_argument("--compare-16-bit", action="store_true",
+                    help="the --compare versions read bf16 and fp16 caches too (from 2026-11-28)")
     ap.add_argument("--no-attention", action="store_true")
     ap.add_argument("--hot", action="store_true",
                     help="attention: all 30 calls read one layer's cache (in the CPU caches)")
@@ -133,7 +137,7 @@ def main() -> None:
                         fns, keep = {}, []
                         for kv in args.kv:
                             for name, lib in libs.items():
-                                if kv != "float32" and name != "tree":
+                                if kv != "float32" and name != "tree" and not args.compare_16_bit:
                                     continue  # an older library may read any 16-bit code as bf16
                                 key = name if kv == "float32" else f"{name}-{kv}"
                                 fns[key], k = attention_fn(lib, b, s, page, kv, args.hot)

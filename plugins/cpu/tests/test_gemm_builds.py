@@ -339,3 +339,67 @@ def test_argmax_rows_is_torch_argmax(builds, build):
     assert torch.equal(CpuPlatform.greedy_ids(None, x), x.argmax(dim=-1))  # type: ignore[arg-type]
     assert kernels.argmax_rows(x.double()) is None  # not float32 rows: torch's
     assert kernels.argmax_rows(x.t()) is None
+
+
+def _attention_case(seq_lens: list[int], h: int, hkv: int, d: int, page: int, dtype: torch.dtype):
+    """q, k, v [B, heads, D] views of fused rows, caches of ``dtype`` over pages in a random order,
+    the new tokens' slots and the block tables."""
+    g = torch.Generator().manual_seed(h * d + page + len(seq_lens))
+    need = [-(-s // page) for s in seq_lens]
+    perm = torch.randperm(sum(need) + 1, generator=g).to(torch.int32)
+    tables = torch.zeros(len(seq_lens), max(need), dtype=torch.int32)
+    for i, at in enumerate(torch.tensor([0, *need]).cumsum(0)[:-1].tolist()):
+        tables[i, :need[i]] = perm[at:at + need[i]]
+    kc, vc = (torch.randn(len(perm), page, hkv, d, generator=g).to(dtype) for _ in range(2))
+    slots = torch.tensor([int(tables[i, (s - 1) // page]) * page + (s - 1) % page
+                          for i, s in enumerate(seq_lens)], dtype=torch.int64)
+    qkv = torch.randn(len(seq_lens), (h + 2 * hkv) * d, generator=g)
+    q, k, v = qkv.split([h * d, hkv * d, hkv * d], dim=1)
+    b = len(seq_lens)
+    return q.view(b, h, d), k.view(b, hkv, d), v.view(b, hkv, d), kc, vc, slots, tables
+
+
+def _lib_paged_decode(lib, q, k, v, kc, vc, slots, tables, seq_lens, page):
+    """``infer_paged_decode`` of ``lib`` on copies of the caches (it writes the new k/v)."""
+    kc, vc = kc.clone(), vc.clone()
+    out = torch.empty(q.shape, dtype=torch.float32)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    lib.infer_paged_decode(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(),
+                           v.stride(0), kc.data_ptr(), vc.data_ptr(), slots.data_ptr(),
+                           tables.data_ptr(), tables.stride(0), lens.data_ptr(), out.data_ptr(),
+                           q.shape[0], q.shape[1], k.shape[1], q.shape[2], page, q.shape[2] ** -0.5,
+                           kernels.KV_CODES[kc.dtype])
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiles256(tmp_path_factory) -> ctypes.CDLL:
+    """The machine's own build with the decode attention's 256-bit register tiles
+    (``-DINFER_ATTN_TILES_256``) where it would use the AVX-512 ones."""
+    cc = compiler()
+    if cc is None or "avx512f" not in _cpu_flags():
+        pytest.skip("needs a C compiler and AVX-512")
+    out = tmp_path_factory.mktemp("tiles256") / "lib.so"
+    subprocess.run([cc, "-O3", "-march=native", "-fopenmp", "-DINFER_ATTN_TILES_256", "-shared",
+                    "-fPIC", "-o", str(out), str(SOURCE), "-lm"], check=True, capture_output=True)
+    lib = ctypes.CDLL(str(out))
+    lib.infer_paged_decode.argtypes = kernels._SIGNATURES["infer_paged_decode"]
+    lib.infer_set_threads.argtypes = kernels._SIGNATURES["infer_set_threads"]
+    lib.infer_set_threads(1)
+    return lib
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_avx512_attention_tiles_give_the_256_bit_tiles_bits(tiles256, dtype, with_threads):
+    """The decode attention's AVX-512 register tiles (two keys' 8-lane sums a register for the
+    scores, 16 columns a register for the values) give the 256-bit tiles' bits, the rest of the
+    build being the same: query-head groups of 1 to 8 per KV head (tiles of 3 heads and their
+    remainders), head dims 32 to 128 (the value tile's 64 columns and a 32-column remainder), key
+    counts around the 4-key tiles and the 4- and 16-position blocks, pages of 1, 5 and 16."""
+    for h, hkv, d in [(9, 3, 64), (4, 4, 32), (8, 2, 96), (10, 2, 64), (8, 1, 128), (7, 1, 64)]:
+        for seq_lens in ([1, 2, 3], [7, 130, 17], [192, 4, 66, 5, 200, 33, 257, 16]):
+            for page in (1, 5, 16):
+                case = (*_attention_case(seq_lens, h, hkv, d, page, dtype), seq_lens, page)
+                got = with_threads(1, lambda c=case: _lib_paged_decode(kernels._lib(), *c))
+                want = _lib_paged_decode(tiles256, *case)
+                assert torch.equal(got, want), (h, hkv, d, seq_lens, page)
