@@ -1456,9 +1456,12 @@ void infer_pack_tiles(int kind, const void *w, int N, int K, uint8_t *out) {
  * y [M, N] = in [M, K] . W^T (+ bias): the integer-activation kinds quantize the rows once (a
  * rows job from POOL_ROWS_JOB rows, else the caller), then the units take columns in pairs of
  * 16-column tiles, POOL_UNITS units a thread. Any thread computes a unit with the same
- * functions, so the result does not depend on who took which. */
+ * functions, so the result does not depend on who took which. One unit a thread (the pool's
+ * core swap moves a preempted holder rather than a second unit to steal): against two, the
+ * default model's decode steps 1.06x at 1 row, 1.09x at 8, 1.05x at 32, prefill 1.02-1.04x
+ * (cpu_q4_graph_ab.py, Zen 5); serving it at 8 and 32 clients 1.02-1.11x in every pair. */
 #ifndef POOL_UNITS
-#define POOL_UNITS 2
+#define POOL_UNITS 1
 #endif
 #ifndef POOL_ROWS_JOB
 #define POOL_ROWS_JOB 64
