@@ -9,7 +9,7 @@ otherwise) serves ``--prompts`` random-id requests (128 in / 128 out) at most ``
 a time. Its graph runner's native call is wrapped: each step's hidden rows are saved, both
 libraries run the step in turn from the same rows (the order alternating step by step), and the
 outputs must be the same bits (the KV rows each writes are the same too, so the second write is a
-no-op). The two libraries then saw the same batches at the same moments, so the machine's load
+no-op). The other version runs on weight tiles it packed itself (its layout may differ). The two libraries then saw the same batches at the same moments, so the machine's load
 moves both alike; the table gives each one's total time per kind of step (decode by batch size;
 prefill and mixed steps together) and the ratio. No timing is asserted anywhere.
 """
@@ -41,6 +41,7 @@ class PairedCall:
     def __init__(self, libs: dict[str, ctypes.CDLL], hidden: int) -> None:
         self.libs, self.hidden, self.n = libs, hidden, 0
         self._untiled: dict[int, ctypes.Array] = {}
+        self._retiled: dict[tuple[str, int], tuple[ctypes.Array, list]] = {}
         self.decode = True  # whether the step being run is a decode batch (set per step)
         self.times: dict[tuple[str, str], list[float]] = defaultdict(list)
 
@@ -55,8 +56,8 @@ class PairedCall:
             lib = self.libs[name]
             lib.infer_set_threads(threads)
             h.copy_(h0)
-            arg = table if hasattr(lib, "infer_pack_tiles") else ctypes.addressof(
-                self.untiled(table, n_layers))
+            arg = (self.retiled(name, table, n_layers, rest[:5]) if hasattr(lib, "infer_pack_tiles")
+                   else ctypes.addressof(self.untiled(table, n_layers)))
             t = time.perf_counter()
             rc = lib.infer_decode_layers(arg, n_layers, h_ptr, rows, *rest)
             self.times[(kind, name)].append(time.perf_counter() - t)
@@ -69,6 +70,30 @@ class PairedCall:
                 raise SystemExit(f"{name} computed other bits than {next(iter(outs))} (step {self.n})")
         self.n += 1
         return 0
+
+    def retiled(self, name: str, table: ctypes.Array, n_layers: int, dims: tuple) -> ctypes.Array:
+        """The layer table with the weights' tiles packed by library ``name`` itself (the other
+        version may lay its tiles out differently; the tree's are the runner's own)."""
+        if name == "tree":
+            return table
+        key = (name, ctypes.addressof(table))
+        if key not in self._retiled:
+            lib, (hidden, heads, kv_heads, head_dim, inter) = self.libs[name], dims
+            shapes = {"qkv": ((heads + 2 * kv_heads) * head_dim, hidden),
+                      "o": (hidden, heads * head_dim), "gu": (2 * inter, hidden),
+                      "down": (hidden, inter)}
+            copy, keep = (type(table[0]) * n_layers)(*table), []
+            for i in range(n_layers):
+                for proj, (n, k) in shapes.items():
+                    kind, w = getattr(copy[i], f"kind_{proj}"), getattr(copy[i], f"w{proj}")
+                    size = lib.infer_tiles_bytes(kind, n, k) if getattr(copy[i], f"t{proj}") else 0
+                    buf = torch.empty(size, dtype=torch.uint8) if size else None
+                    if buf is not None:
+                        lib.infer_pack_tiles(kind, w, n, k, buf.data_ptr())
+                        keep.append(buf)
+                    setattr(copy[i], f"t{proj}", buf.data_ptr() if buf is not None else None)
+            self._retiled[key] = (copy, keep)
+        return self._retiled[key][0]
 
     def untiled(self, table: ctypes.Array, n_layers: int) -> ctypes.Array:
         """The layer table as kernels older than the packed tiles read it: their ``infer_layer``
@@ -105,6 +130,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         other = build_other(args.compare, Path(tmp))
         other.infer_decode_layers.restype = ctypes.c_int
+        if hasattr(other, "infer_tiles_bytes"):
+            other.infer_tiles_bytes.restype = ctypes.c_size_t
         if not hasattr(other, "infer_pack_tiles"):  # takes the older table (PairedCall.untiled)
             other.infer_decode_layers.argtypes = [ctypes.c_void_p,
                                                   *other.infer_decode_layers.argtypes[1:]]

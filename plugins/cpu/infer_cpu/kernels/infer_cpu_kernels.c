@@ -1103,14 +1103,17 @@ static void i8_repack(int kind, const void *w, int nb, int n0, int tw, int quads
 /* Tiles packed once, at load (infer_pack_tiles): the per-call repack above widens and transposes
  * a tile's codes on every call, and a decode step of 5-32 rows uses each repacked tile for only 1-6
  * register tiles (measured: the repack was 20 % of a batch-8 decode step). A packed matrix holds
- * the pair layout of every tile, with the codes kept as bytes (q4: 0..15, q8: int8; the tiles
- * widen them to int16 as they load them, so a weight costs 1 byte to read instead of 2): per tile
- * of TW rows (the last one padded with zero rows), per block, 16 pairs x TW rows x 2 codes, then
- * dw [nb][TW] and mw [nb][TW] as floats. */
-static size_t packed_block(void) { return (size_t)16 * TW * 2; }
+ * the pair layout of every tile, with the codes kept small (the tiles widen them to int16 as
+ * they load them): q8's int8 codes a byte each, q4's 0..15 codes two a byte (a pair's first in
+ * the low nibble). Per tile of TW rows (the last one padded with zero rows), per block, 16 pairs
+ * x TW rows (x 2 bytes for q8), then dw [nb][TW] and mw [nb][TW] as floats. A 4-bit block of a
+ * tile row is then 16 bytes of codes and 8 of scales, 0.6 of the byte codes' 40: the decode steps
+ * stream every weight once, and read less (cpu_q4_graph_ab.py on Zen 5, the same bits: 8-row
+ * decode steps 1.11x, 32-row 1.03x, prefill 0.98-1.01x). */
+static size_t packed_block(int q4) { return (size_t)16 * TW * (q4 ? 1 : 2); }
 /* a packed tile's bytes per block: the codes, and the block's share of dw and mw */
-static size_t packed_slice(void) { return packed_block() + 2 * TW * sizeof(float); }
-static size_t packed_tile_bytes(int nb) { return (size_t)nb * packed_slice(); }
+static size_t packed_slice(int q4) { return packed_block(q4) + 2 * TW * sizeof(float); }
+static size_t packed_tile_bytes(int nb, int q4) { return (size_t)nb * packed_slice(q4); }
 
 #ifdef I8_VNNI
 typedef __m512 vtw_f;
@@ -1120,6 +1123,12 @@ typedef __m512i vtw_i;
 #define VTW_LOAD_I(p) _mm512_load_si512((const void *)(p))
 #define VTW_LOAD_F(p) _mm512_loadu_ps(p)
 #define VTW_LOAD_B(p) _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p)))
+/* TW bytes of 4-bit code pairs (low nibble k, high nibble k + 1) -> lanes (k in the low word,
+ * k + 1 in the high one): (v | v << 12) & 0x000F000F in one ternary-logic step */
+#define VTW_LOAD_N(p)                                                                    \
+  _mm512_ternarylogic_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p))),  \
+                            _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p))), 12), \
+                            _mm512_set1_epi32(0x000F000F), 0xA8)
 #define VTW_SET1_I(v) _mm512_set1_epi32(v)
 #define VTW_SET1_F(v) _mm512_set1_ps(v)
 #define VTW_DOT4(acc, w, x) _mm512_dpbusd_epi32(acc, w, x)
@@ -1131,6 +1140,10 @@ typedef __m512i vtw_i;
 #define VTW_STORE_F(p, v) _mm512_storeu_ps(p, v)
 #define VTW_PIN(v) (void)0 /* vpdpwssd accumulates: nothing to reassociate */
 #else
+/* 8 code bytes as dwords -> the two 4-bit codes of each in its low and high word */
+static inline __m256i vtw_nib8(__m256i v) {
+  return _mm256_and_si256(_mm256_or_si256(v, _mm256_slli_epi32(v, 12)), _mm256_set1_epi32(0x000F000F));
+}
 /* TW = 16 lanes as two ymm; a broadcast is the same value in both halves (one register) */
 typedef struct {
   __m256 v[2];
@@ -1146,6 +1159,8 @@ typedef struct {
 #define VTW_LOAD_B(p)                                                                    \
   VTW2(vtw_i, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p))),               \
        _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p) + 1)))
+#define VTW_NIB8(p) vtw_nib8(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+#define VTW_LOAD_N(p) VTW2(vtw_i, VTW_NIB8(p), VTW_NIB8((const uint8_t *)(p) + 8))
 #define VTW_SET1_I(x) VTW2(vtw_i, _mm256_set1_epi32(x), _mm256_set1_epi32(x))
 #define VTW_SET1_F(x) VTW2(vtw_f, _mm256_set1_ps(x), _mm256_set1_ps(x))
 #define VTW_DOT4(acc, w, x) VTW_DOT2(acc, w, x) /* no quads without VNNI */
@@ -1177,7 +1192,7 @@ static inline __attribute__((always_inline)) void i8_tile(int q4, int quads, int
                                                           const int16_t *x16, int m0, int MR,
                                                           float *out, float *out1) {
   int nb = a->nb, K = a->K, groups = quads ? 8 : 16;
-  size_t tb = pk ? packed_block() : tile_block(quads);
+  size_t tb = pk ? packed_block(q4) : tile_block(quads);
   const uint8_t *bufs[2] = {buf, buf1};
   float *outs[2] = {out, out1};
   vtw_f acc[2][IMR];
@@ -1185,7 +1200,7 @@ static inline __attribute__((always_inline)) void i8_tile(int q4, int quads, int
     _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) acc[t][m] = VTW_ZERO_F();
   for (int b = 0; b < nb; b++) {
     if (next) /* a slice per block of the NT packed tiles after these (streamed from memory) */
-      for (size_t off = NT * packed_slice() * b; off < NT * packed_slice() * (b + 1); off += 64)
+      for (size_t off = NT * packed_slice(q4) * b; off < NT * packed_slice(q4) * (b + 1); off += 64)
         _mm_prefetch(next + off, _MM_HINT_T0);
     vtw_i s[2][IMR];
     _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++)
@@ -1194,7 +1209,8 @@ static inline __attribute__((always_inline)) void i8_tile(int q4, int quads, int
       vtw_i wv[2];
       _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++) {
         const uint8_t *cb = bufs[t] + (size_t)b * tb;
-        wv[t] = pk ? VTW_LOAD_B(cb + (size_t)g * TW * 2) : VTW_LOAD_I(cb + (size_t)g * TW * 4);
+        wv[t] = pk ? (q4 ? VTW_LOAD_N(cb + (size_t)g * TW) : VTW_LOAD_B(cb + (size_t)g * TW * 2))
+                   : VTW_LOAD_I(cb + (size_t)g * TW * 4);
       }
 #ifdef I8_VNNI
       if (NT == 2) __asm__("" : "+v"(wv[0]), "+v"(wv[1])); /* in registers: a load each, not one a row */
@@ -1339,8 +1355,8 @@ static void i8_gemm(int kind, const i8_act *a, int M, const void *w, const uint8
          * 1.10-1.13x the prefill and mixed steps with the packed tiles above; at 8 rows 0.90x,
          * so those keep the 8-row tiles; 4-row tiles of two: 0.96x at 32 rows) */
         if (tiles && c + 2 * TW <= n1 && me - mb >= 16) {
-          const uint8_t *t0 = tiles + (size_t)(c / TW) * packed_tile_bytes(nb), *t1 = t0 + packed_tile_bytes(nb);
-          const char *next = c + 2 * TW < n1 ? (const char *)(t1 + packed_tile_bytes(nb)) : NULL;
+          const uint8_t *t0 = tiles + (size_t)(c / TW) * packed_tile_bytes(nb, q4), *t1 = t0 + packed_tile_bytes(nb, q4);
+          const char *next = c + 2 * TW < n1 ? (const char *)(t1 + packed_tile_bytes(nb, q4)) : NULL;
           float out1[IMR2 * TW];
           int rows = me - mb, nt = (rows + IMR2 - 1) / IMR2;
           for (int t = 0, m0 = mb; t < nt; t++) {
@@ -1358,8 +1374,8 @@ static void i8_gemm(int kind, const i8_act *a, int M, const void *w, const uint8
 #endif
         const uint8_t *tb = buf, *next = NULL;
         if (tiles) { /* the packed tile, and the next one to prefetch */
-          tb = tiles + (size_t)(c / TW) * packed_tile_bytes(nb);
-          if (c + TW < n1) next = tb + packed_tile_bytes(nb);
+          tb = tiles + (size_t)(c / TW) * packed_tile_bytes(nb, q4);
+          if (c + TW < n1) next = tb + packed_tile_bytes(nb, q4);
         } else {
           i8_repack(kind, w, nb, c, tw, quads, buf);
         }
@@ -1409,7 +1425,7 @@ size_t infer_tiles_bytes(int kind, int N, int K) {
 #ifdef I8_VNNI
   if (!(kind & KIND_I16)) return 0;
 #endif
-  return (size_t)((N + TW - 1) / TW) * packed_tile_bytes(K / QK);
+  return (size_t)((N + TW - 1) / TW) * packed_tile_bytes(K / QK, (kind & ~KIND_INT) == 4);
 #else
   (void)kind;
   (void)N;
@@ -1423,18 +1439,23 @@ void infer_pack_tiles(int kind, const void *w, int N, int K, uint8_t *out) {
 #ifdef __AVX2__
   int nb = K / QK, tiles = (N + TW - 1) / TW;
   kind &= ~KIND_INT;
+  int q4 = kind == 4;
 #pragma omp parallel for num_threads(g_threads) schedule(static)
   for (int t = 0; t < tiles; t++) {
-    uint8_t *tile = out + (size_t)t * packed_tile_bytes(nb);
-    float *dw = (float *)(tile + (size_t)nb * packed_block()), *mw = dw + (size_t)nb * TW;
+    uint8_t *tile = out + (size_t)t * packed_tile_bytes(nb, q4);
+    float *dw = (float *)(tile + (size_t)nb * packed_block(q4)), *mw = dw + (size_t)nb * TW;
     for (int b = 0; b < nb; b++) {
-      uint8_t *cb = tile + (size_t)b * packed_block();
+      uint8_t *cb = tile + (size_t)b * packed_block(q4);
       for (int r = 0; r < TW; r++) {
         int n = t * TW + r;
         uint8_t c[QK] = {0}; /* the block's codes in k order (rows past N: zero) */
         int64_t i = (int64_t)n * nb + b;
         if (n < N) _mm256_storeu_si256((__m256i *)c, block_codes(kind, w, i, 0));
         for (int g = 0; g < 16; g++) {
+          if (q4) { /* 4-bit codes: two a byte */
+            cb[(size_t)g * TW + r] = (uint8_t)(c[2 * g] | c[2 * g + 1] << 4);
+            continue;
+          }
           cb[(size_t)g * TW * 2 + 2 * r] = c[2 * g];
           cb[(size_t)g * TW * 2 + 2 * r + 1] = c[2 * g + 1];
         }
