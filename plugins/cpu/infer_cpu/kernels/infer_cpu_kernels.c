@@ -1106,13 +1106,14 @@ static void i8_repack(int kind, const void *w, int nb, int n0, int tw, int quads
  * the pair layout of every tile, with the codes kept small (the tiles widen them to int16 as
  * they load them): q8's int8 codes a byte each, q4's 0..15 codes two a byte (a pair's first in
  * the low nibble). Per tile of TW rows (the last one padded with zero rows), per block, 16 pairs
- * x TW rows (x 2 bytes for q8), then dw [nb][TW] and mw [nb][TW] as floats. A 4-bit block of a
- * tile row is then 16 bytes of codes and 8 of scales, 0.6 of the byte codes' 40: the decode steps
- * stream every weight once, and read less (cpu_q4_graph_ab.py on Zen 5, the same bits: 8-row
- * decode steps 1.11x, 32-row 1.03x, prefill 0.98-1.01x). */
+ * x TW rows (x 2 bytes for q8), then dw [nb][TW] and (q4) mw [nb][TW] as the blocks' own
+ * float16 scales (widened exactly, as h2f does). A 4-bit block of a tile row is then 16 bytes of
+ * codes and 4 of scales, the GGUF block's 20 (it was 40: byte codes, float32 scales): the decode
+ * steps stream every weight once, and read half (cpu_q4_graph_ab.py on Zen 5, the same bits: the
+ * 4-bit codes 1.11x an 8-row decode step, 1.03x a 32-row one, prefill 0.98-1.01x). */
 static size_t packed_block(int q4) { return (size_t)16 * TW * (q4 ? 1 : 2); }
 /* a packed tile's bytes per block: the codes, and the block's share of dw and mw */
-static size_t packed_slice(int q4) { return packed_block(q4) + 2 * TW * sizeof(float); }
+static size_t packed_slice(int q4) { return packed_block(q4) + (q4 ? 2 : 1) * TW * sizeof(uint16_t); }
 static size_t packed_tile_bytes(int nb, int q4) { return (size_t)nb * packed_slice(q4); }
 
 #ifdef I8_VNNI
@@ -1122,6 +1123,7 @@ typedef __m512i vtw_i;
 #define VTW_ZERO_F() _mm512_setzero_ps()
 #define VTW_LOAD_I(p) _mm512_load_si512((const void *)(p))
 #define VTW_LOAD_F(p) _mm512_loadu_ps(p)
+#define VTW_LOAD_H(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define VTW_LOAD_B(p) _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p)))
 /* TW bytes of 4-bit code pairs (low nibble k, high nibble k + 1) -> lanes (k in the low word,
  * k + 1 in the high one): (v | v << 12) & 0x000F000F in one ternary-logic step */
@@ -1156,6 +1158,8 @@ typedef struct {
 #define VTW_ZERO_F() VTW2(vtw_f, _mm256_setzero_ps(), _mm256_setzero_ps())
 #define VTW_LOAD_I(p) VTW2(vtw_i, _mm256_load_si256((const __m256i *)(p)), _mm256_load_si256((const __m256i *)(p) + 1))
 #define VTW_LOAD_F(p) VTW2(vtw_f, _mm256_loadu_ps(p), _mm256_loadu_ps((p) + 8))
+#define VTW_LOAD_H(p) \
+  VTW2(vtw_f, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p))), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p) + 1)))
 #define VTW_LOAD_B(p)                                                                    \
   VTW2(vtw_i, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p))),               \
        _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p) + 1)))
@@ -1226,6 +1230,12 @@ static inline __attribute__((always_inline)) void i8_tile(int q4, int quads, int
     }
     vtw_f vdw[2], vmw[2];
     _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++) {
+      if (pk) { /* float16 scales, widened exactly */
+        const uint16_t *dh = (const uint16_t *)(bufs[t] + (size_t)nb * tb), *mh = dh + (size_t)nb * TW;
+        vdw[t] = VTW_LOAD_H(dh + (size_t)b * TW);
+        vmw[t] = q4 ? VTW_LOAD_H(mh + (size_t)b * TW) : VTW_ZERO_F();
+        continue;
+      }
       const float *dw = (const float *)(bufs[t] + (size_t)nb * tb), *mw = dw + (size_t)nb * TW;
       vdw[t] = VTW_LOAD_F(dw + (size_t)b * TW);
       vmw[t] = VTW_LOAD_F(mw + (size_t)b * TW);
@@ -1420,7 +1430,7 @@ static void i8_rows(int kind, int wide, const float *x, int64_t x_stride, int M,
  * tiles for that kind (no AVX2; int8 activations on AVX-512 VNNI, whose quad tiles read other
  * layouts; float32 activations). */
 size_t infer_tiles_bytes(int kind, int N, int K) {
-#ifdef __AVX2__
+#if defined(__AVX2__) && defined(__F16C__) /* F16C: the tiles' float16 scales */
   if (!(kind & KIND_INT) || K % QK) return 0;
 #ifdef I8_VNNI
   if (!(kind & KIND_I16)) return 0;
@@ -1436,14 +1446,14 @@ size_t infer_tiles_bytes(int kind, int N, int K) {
 
 /* out (infer_tiles_bytes(kind, N, K) bytes) <- w [N, K] packed into tiles (see packed_block). */
 void infer_pack_tiles(int kind, const void *w, int N, int K, uint8_t *out) {
-#ifdef __AVX2__
+#if defined(__AVX2__) && defined(__F16C__)
   int nb = K / QK, tiles = (N + TW - 1) / TW;
   kind &= ~KIND_INT;
   int q4 = kind == 4;
 #pragma omp parallel for num_threads(g_threads) schedule(static)
   for (int t = 0; t < tiles; t++) {
     uint8_t *tile = out + (size_t)t * packed_tile_bytes(nb, q4);
-    float *dw = (float *)(tile + (size_t)nb * packed_block(q4)), *mw = dw + (size_t)nb * TW;
+    uint16_t *dh = (uint16_t *)(tile + (size_t)nb * packed_block(q4)), *mh = dh + (size_t)nb * TW;
     for (int b = 0; b < nb; b++) {
       uint8_t *cb = tile + (size_t)b * packed_block(q4);
       for (int r = 0; r < TW; r++) {
@@ -1459,8 +1469,8 @@ void infer_pack_tiles(int kind, const void *w, int N, int K, uint8_t *out) {
           cb[(size_t)g * TW * 2 + 2 * r] = c[2 * g];
           cb[(size_t)g * TW * 2 + 2 * r + 1] = c[2 * g + 1];
         }
-        dw[(size_t)b * TW + r] = n < N ? block_dw(kind, w, i) : 0.f;
-        mw[(size_t)b * TW + r] = n < N ? block_mw(kind, w, i) : 0.f;
+        dh[(size_t)b * TW + r] = n >= N ? 0 : q4 ? ((const block_q4 *)w)[i].d : ((const block_q8 *)w)[i].d;
+        if (q4) mh[(size_t)b * TW + r] = n < N ? ((const block_q4 *)w)[i].m : 0;
       }
     }
   }
