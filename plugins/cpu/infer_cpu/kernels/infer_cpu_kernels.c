@@ -1127,10 +1127,11 @@ typedef __m512i vtw_i;
 #define VTW_LOAD_B(p) _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p)))
 /* TW bytes of 4-bit code pairs (low nibble k, high nibble k + 1) -> lanes (k in the low word,
  * k + 1 in the high one): (v | v << 12) & 0x000F000F in one ternary-logic step */
-#define VTW_LOAD_N(p)                                                                    \
-  _mm512_ternarylogic_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p))),  \
-                            _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p))), 12), \
-                            _mm512_set1_epi32(0x000F000F), 0xA8)
+static inline __m512i vtw_load_nib(const uint8_t *p) {
+  __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+  return _mm512_ternarylogic_epi32(v, _mm512_slli_epi32(v, 12), _mm512_set1_epi32(0x000F000F), 0xA8);
+}
+#define VTW_LOAD_N(p) vtw_load_nib(p)
 #define VTW_SET1_I(v) _mm512_set1_epi32(v)
 #define VTW_SET1_F(v) _mm512_set1_ps(v)
 #define VTW_DOT4(acc, w, x) _mm512_dpbusd_epi32(acc, w, x)
@@ -1427,8 +1428,8 @@ static void i8_rows(int kind, int wide, const float *x, int64_t x_stride, int M,
 
 /* Bytes of w [N, K] (kind 4 / 8 blocks, | KIND_I8 / KIND_I16) packed into tiles for the
  * integer-activation GEMM (see packed_block), or 0 when this build's GEMM does not read packed
- * tiles for that kind (no AVX2; int8 activations on AVX-512 VNNI, whose quad tiles read other
- * layouts; float32 activations). */
+ * tiles for that kind (no AVX2 or no F16C; int8 activations on AVX-512 VNNI, whose quad tiles
+ * read other layouts; float32 activations). */
 size_t infer_tiles_bytes(int kind, int N, int K) {
 #if defined(__AVX2__) && defined(__F16C__) /* F16C: the tiles' float16 scales */
   if (!(kind & KIND_INT) || K % QK) return 0;
