@@ -798,11 +798,16 @@ static inline int32_t load4(const void *p) {
 }
 
 /* Block i's scale d and (q4) minimum m as floats. */
-static inline float block_dw(int kind, const void *w, int64_t i) {
-  return h2f(kind == 4 ? ((const block_q4 *)w)[i].d : ((const block_q8 *)w)[i].d);
+/* Block i's scale d and (q4) minimum m, as their float16 bits and as floats. */
+static inline uint16_t block_dh(int kind, const void *w, int64_t i) {
+  return kind == 4 ? ((const block_q4 *)w)[i].d : ((const block_q8 *)w)[i].d;
 }
+static inline uint16_t block_mh(int kind, const void *w, int64_t i) {
+  return kind == 4 ? ((const block_q4 *)w)[i].m : 0;
+}
+static inline float block_dw(int kind, const void *w, int64_t i) { return h2f(block_dh(kind, w, i)); }
 static inline float block_mw(int kind, const void *w, int64_t i) {
-  return kind == 4 ? h2f(((const block_q4 *)w)[i].m) : 0.f;
+  return kind == 4 ? h2f(block_mh(kind, w, i)) : 0.f;
 }
 
 /* The integer dot of weight block i with an activation block (int8 codes x8, or int16 x16). */
@@ -1470,8 +1475,8 @@ void infer_pack_tiles(int kind, const void *w, int N, int K, uint8_t *out) {
           cb[(size_t)g * TW * 2 + 2 * r] = c[2 * g];
           cb[(size_t)g * TW * 2 + 2 * r + 1] = c[2 * g + 1];
         }
-        dh[(size_t)b * TW + r] = n >= N ? 0 : q4 ? ((const block_q4 *)w)[i].d : ((const block_q8 *)w)[i].d;
-        if (q4) mh[(size_t)b * TW + r] = n < N ? ((const block_q4 *)w)[i].m : 0;
+        dh[(size_t)b * TW + r] = n < N ? block_dh(kind, w, i) : 0;
+        if (q4) mh[(size_t)b * TW + r] = n < N ? block_mh(kind, w, i) : 0;
       }
     }
   }
@@ -1943,16 +1948,20 @@ typedef struct {
   int B, hidden, inter;
   float eps;
   float *h, *x, *res, *gu, *act;
-  const float *y;      /* the row steps' input: o (add_norm) or the down output (resid) */
-  const float *norm_w; /* the row steps' norm weight */
+  const float *y; /* the last GEMM's output (graph_resid_unit reads the down projection's) */
 } graph_job;
 
 /* fn over the B rows in units of 8: on the pool from `from` rows, else by the caller. */
 static void graph_rows(graph_job *j, pool_fn fn, int from, int nt) {
-  if (j->B >= from)
-    pool_run(fn, j, ceil_div(j->B, 8), nt);
-  else
-    for (int u = 0; u < ceil_div(j->B, 8); u++) fn(j, u, 0);
+  pool_run(fn, j, ceil_div(j->B, 8), j->B >= from ? nt : 1);
+}
+
+/* x = rms_norm(h) (in_norm) or res = o + h, x = rms_norm(res) (post_norm: o given) of the B rows:
+ * infer_rms_norm's units, on the pool from POOL_ROWS_JOB rows. */
+static void graph_norm(graph_job *j, const float *w, const float *o, int nt) {
+  norm_job n = {o ? o : j->h, o ? j->h : NULL, w, j->hidden, j->hidden, j->res, j->x, j->B,
+                j->hidden, j->eps};
+  pool_run(norm_unit, &n, ceil_div(j->B, 8), j->B >= POOL_ROWS_JOB ? nt : 1);
 }
 
 /* y = in . W^T (+ bias) of the layer's B rows (gemm_run); resid: also h = res + y. */
@@ -1964,22 +1973,6 @@ static void graph_gemm(graph_job *j, int kind, const float *in, int64_t in_s, in
                 .hidden = j->hidden};
   gemm_run(&g, codes, nt);
   j->y = y;
-}
-
-static void graph_norm_unit(void *p, int u, int w) { /* x = rms_norm(h) with norm_w */
-  graph_job *j = (graph_job *)p;
-  (void)w;
-  for (int m = 8 * u; m < j->B && m < 8 * u + 8; m++)
-    rms_row(j->h + (int64_t)m * j->hidden, j->norm_w, j->x + (int64_t)m * j->hidden, j->hidden, j->eps);
-}
-
-static void graph_add_norm_unit(void *p, int u, int w) { /* res = o + h, x = rms_norm(res) */
-  graph_job *j = (graph_job *)p;
-  (void)w;
-  for (int m = 8 * u; m < j->B && m < 8 * u + 8; m++) {
-    int64_t at = (int64_t)m * j->hidden;
-    add_rms_row(j->y + at, j->h + at, j->norm_w, j->res + at, j->x + at, j->hidden, j->eps);
-  }
 }
 
 static void graph_silu_unit(void *p, int u, int w) { /* act = silu(g) * u of gu */
@@ -2025,8 +2018,7 @@ int infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int B
   int64_t row = (int64_t)Hkv * D;
   for (int l = 0; l < n_layers; l++) {
     const infer_layer *L = layers + l;
-    j.norm_w = L->in_norm;
-    graph_rows(&j, graph_norm_unit, POOL_ROWS_JOB, nt);
+    graph_norm(&j, L->in_norm, NULL, nt);
     graph_gemm(&j, L->kind_qkv, x, hidden, hidden, L->wqkv, L->tqkv, L->bqkv, qkv, qkv_w, qkv_w, 0,
                codes, nt);
     infer_rope(pos, qkv, qkv_w, H, qkv + (int64_t)H * D, qkv_w, Hkv, B, D, rot_dim, cos_sin);
@@ -2040,8 +2032,7 @@ int infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int B
       failed = 1;
       break;
     }
-    j.norm_w = L->post_norm; /* graph_add_norm_unit reads o as j.y */
-    graph_rows(&j, graph_add_norm_unit, POOL_ROWS_JOB, nt);
+    graph_norm(&j, L->post_norm, o, nt);
     graph_gemm(&j, L->kind_gu, x, hidden, hidden, L->wgu, L->tgu, NULL, gu, 2 * inter, 2 * inter, 0,
                codes, nt);
     graph_rows(&j, graph_silu_unit, 16, nt);
