@@ -94,21 +94,39 @@ def test_qgemm_tiles_against_int8_activation_reference(qtype, m, k):
         torch.set_num_threads(old)
 
 
-@pytest.fixture(scope="module")
-def portable_lib(tmp_path_factory) -> ctypes.CDLL:
-    """The kernels compiled without AVX2 or F16C: the portable C paths."""
+def _build(tmp_path_factory, name: str, flags: list[str]) -> ctypes.CDLL:
+    """The kernels compiled with ``flags`` (x86-64 with a C compiler, else the test skips)."""
     cc = compiler()
     if cc is None or platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("needs a C compiler on x86-64")
-    out = tmp_path_factory.mktemp("portable") / "libportable.so"
-    subprocess.run([cc, "-O2", "-U__AVX2__", "-U__F16C__", "-shared", "-fPIC", "-o", str(out),
-                    str(SOURCE), "-lm"], check=True, capture_output=True)
+    out = tmp_path_factory.mktemp(name) / f"lib{name}.so"
+    subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", str(out), str(SOURCE), "-lm"],
+                   check=True, capture_output=True)
     lib = ctypes.CDLL(str(out))
-    for name, argtypes in kernels._SIGNATURES.items():
-        getattr(lib, name).argtypes = argtypes
-        getattr(lib, name).restype = None
+    for fn, argtypes in kernels._SIGNATURES.items():
+        getattr(lib, fn).argtypes = argtypes
+        getattr(lib, fn).restype = None
     lib.infer_kernels_isa.restype = ctypes.c_int
+    return lib
+
+
+@pytest.fixture(scope="module")
+def portable_lib(tmp_path_factory) -> ctypes.CDLL:
+    """The kernels compiled without AVX2 or F16C: the portable C paths."""
+    lib = _build(tmp_path_factory, "portable", ["-O2", "-U__AVX2__", "-U__F16C__"])
     assert lib.infer_kernels_isa() == 0
+    return lib
+
+
+@pytest.fixture(scope="module")
+def tiles256_lib(tmp_path_factory) -> ctypes.CDLL:
+    """The machine's own build with the decode attention's 256-bit register tiles
+    (``-DINFER_ATTN_TILES_256``) where it would use the AVX-512 ones."""
+    if "avx512f" not in open("/proc/cpuinfo").read():
+        pytest.skip("needs AVX-512")
+    lib = _build(tmp_path_factory, "tiles256", ["-O3", "-march=native", "-fopenmp",
+                                                "-DINFER_ATTN_TILES_256"])
+    lib.infer_set_threads(1)
     return lib
 
 
@@ -244,6 +262,17 @@ def _paged_reference(q, k, kc, vc, slots, tables, seq_lens, page):
     return out
 
 
+def _lib_paged_decode(lib, q, k, v, k_cache, v_cache, slots, tables, seq_lens, page):
+    """``infer_paged_decode`` of another build of the kernels (it writes the new k/v)."""
+    out, lens = torch.empty(q.shape), torch.tensor(seq_lens, dtype=torch.int32)
+    lib.infer_paged_decode(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(),
+                           v.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
+                           tables.data_ptr(), tables.stride(0), lens.data_ptr(), out.data_ptr(),
+                           q.shape[0], q.shape[1], k.shape[1], q.shape[2], page, q.shape[2] ** -0.5,
+                           kernels.KV_CODES[k_cache.dtype])
+    return out
+
+
 def _paged_decode(q, k, v, k_cache, v_cache, slots, tables, seq_lens, page, threads=None):
     old = torch.get_num_threads()
     torch.set_num_threads(threads or old)
@@ -357,17 +386,32 @@ def test_paged_decode_portable_c_against_sdpa(portable_lib, dtype):
     q, k, v, kc, vc, slots, tables = (
         _kv16_case(seq_lens, 9, 3, 64, 4, seed=3, dtype=dtype) if kv16
         else _paged_case(seq_lens, 9, 3, 64, 4, seed=3))
-    out, lens = torch.empty(q.shape), torch.tensor(seq_lens, dtype=torch.int32)
-    portable_lib.infer_paged_decode(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0),
-                                    v.data_ptr(), v.stride(0), kc.data_ptr(), vc.data_ptr(),
-                                    slots.data_ptr(), tables.data_ptr(), tables.stride(0),
-                                    lens.data_ptr(), out.data_ptr(), 3, 9, 3, 64, 4, 64 ** -0.5,
-                                    kv16)
+    out = _lib_paged_decode(portable_lib, q, k, v, kc, vc, slots, tables, seq_lens, 4)
     if kv16:
         _check_kv16_writes(k, v, kc, vc, slots)
         k = k.to(dtype).float()
     want = _paged_reference(q, k, kc.float(), vc.float(), slots, tables, seq_lens, 4)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_avx512_attention_tiles_give_the_256_bit_tiles_bits(tiles256_lib, dtype):
+    """The decode attention's AVX-512 register tiles (two keys' 8-lane sums a register for the
+    scores, 16 columns a register for the values) give the 256-bit tiles' bits, the rest of the
+    build being the same: query-head groups of 1 to 8 per KV head (tiles of 3 heads and their
+    remainders), head dims 32 to 128 (the value tile's 64 columns and a 32-column remainder), key
+    counts around the 4-key tiles and the 4- and 16-position blocks, pages of 1, 5 and 16."""
+    for h, hkv, d in [(9, 3, 64), (4, 4, 32), (8, 2, 96), (10, 2, 64), (8, 1, 128), (7, 1, 64)]:
+        for seq_lens in ([1, 2, 3], [7, 130, 17], [192, 4, 66, 5, 200, 33, 257, 16]):
+            for page in (1, 5, 16):
+                q, k, v, kc, vc, slots, tables = _paged_case(seq_lens, h, hkv, d, page,
+                                                             seed=h * d + page)
+                kc, vc = kc.to(dtype), vc.to(dtype)
+                got = _paged_decode(q, k, v, kc.clone(), vc.clone(), slots, tables, seq_lens,
+                                    page, threads=1)
+                want = _lib_paged_decode(tiles256_lib, q, k, v, kc.clone(), vc.clone(), slots,
+                                         tables, seq_lens, page)
+                assert torch.equal(got, want), (h, hkv, d, seq_lens, page)
 
 
 def test_paged_decode_long_sequence_heap_scratch():
