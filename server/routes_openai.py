@@ -128,9 +128,12 @@ class _EventStream(StreamingResponse):
         self.first, self.rest, self.fmt = first, rest, fmt
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async def write(events: list[str], more: bool = True) -> None:
+            for e in events:
+                await send({"type": "http.response.body", "body": e.encode(), "more_body": more})
+
         async def emit(d: SeqDelta) -> None:
-            for e in self.fmt.event(d):
-                await send({"type": "http.response.body", "body": e.encode(), "more_body": True})
+            await write(self.fmt.event(d))
 
         try:
             await send({"type": "http.response.start", "status": self.status_code,
@@ -139,12 +142,10 @@ class _EventStream(StreamingResponse):
                 await emit(self.first)
                 if not await self.rest.pump(emit):
                     return  # the client went away
-                for e in self.fmt.tail():
-                    await send({"type": "http.response.body", "body": e.encode(), "more_body": True})
+                await write(self.fmt.tail())
             except APIError as err:
-                await send({"type": "http.response.body", "body": sse(err.body()).encode(),
-                            "more_body": True})
-            await send({"type": "http.response.body", "body": SSE_DONE.encode(), "more_body": False})
+                await write([sse(err.body())])
+            await write([SSE_DONE], more=False)
         finally:
             self.rest.close()
 
