@@ -22,6 +22,13 @@ import time
 from typing import Any
 
 
+def batch_shape(batch: Any) -> tuple[int, int]:
+    """A scheduled batch's decode rows (one new token each) and prefill tokens (the longer
+    extends'); ``cpu_server_steps.py``'s hook counts steps the same way."""
+    return (sum(s.extend_len == 1 for s in batch.seqs),
+            sum(s.extend_len for s in batch.seqs if s.extend_len > 1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model-path", default="smollm2")
@@ -55,9 +62,7 @@ def main() -> None:
     launch = core.executor.launch
 
     def timed(batch: Any, defer: bool) -> Any:
-        steps.append((sum(s.extend_len == 1 for s in batch.seqs),
-                       sum(s.extend_len for s in batch.seqs if s.extend_len > 1),
-                       time.perf_counter()))
+        steps.append((*batch_shape(batch), time.perf_counter()))
         return launch(batch, defer)
 
     core.executor.launch = timed

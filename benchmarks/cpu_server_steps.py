@@ -23,7 +23,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import textwrap
 import time
@@ -34,6 +33,7 @@ HOOK = textwrap.dedent('''
     import os, time
     _out = os.environ.get("INFER_STEP_TRACE")
     if _out:
+        from cpu_engine_steps import batch_shape
         from infer.core.engine import engine_core as _ec
         from infer_cpu.kernels import bf16 as _kb
         _native = [0.0, 0.0]  # seconds so far, end of the last call
@@ -44,20 +44,20 @@ HOOK = textwrap.dedent('''
             _rec(self, batch, threads, seconds)
         _kb.ThreadChoice.record = _record
         _log = open(f"{_out}.steps.{os.getpid()}", "w", buffering=1)
+        _shape = [(0, 0)]  # the step's batch: decode rows, prefill tokens
         _step = _ec.EngineCore.step
         def step(self):
-            launch, shape = self.executor.launch, []
-            def seen(batch, defer):
-                shape.append((sum(s.extend_len == 1 for s in batch.seqs),
-                              sum(s.extend_len for s in batch.seqs if s.extend_len > 1)))
-                return launch(batch, defer)
-            self.executor.launch = seen
+            ex = self.executor
+            if not getattr(ex, "_traced", False):  # its launch notes each batch's shape
+                launch = ex.launch
+                def seen(batch, defer):
+                    _shape[0] = batch_shape(batch)
+                    return launch(batch, defer)
+                ex.launch, ex._traced = seen, True
+            _shape[0] = (0, 0)
             n0, t0 = _native[0], time.perf_counter()
-            try:
-                outs = _step(self)
-            finally:
-                self.executor.launch = launch
-            dec, pre = shape[0] if shape else (0, 0)
+            outs = _step(self)
+            dec, pre = _shape[0]
             _log.write(f"{t0:.6f} {time.perf_counter():.6f} {dec} {pre} "
                        f"{_native[0] - n0:.6f} {_native[1]:.6f}\\n")
             return outs
@@ -95,11 +95,12 @@ def _bench(cmd: list[str], env: dict, result: Path) -> dict:
 
 def _summary(steps: list[list[float]], since: float, full: int) -> dict:
     steps = [s for s in steps if s[0] >= since]
-    rows = []  # (step, native, before, after, gap before) of full-batch decode steps
+    rows, other = [], []  # full-batch decode steps: (step, native, before, after, gap before)
     for i, (t0, t1, dec, pre, nat, nat_end) in enumerate(steps):
         if dec == full and pre == 0 and i > 0 and nat > 0:
             rows.append((t1 - t0, nat, nat_end - nat - t0, t1 - nat_end, t0 - steps[i - 1][1]))
-    other = [s[1] - s[0] for s in steps if not (s[2] == full and s[3] == 0)]
+        else:
+            other.append(t1 - t0)
     gaps = [b[0] - a[1] for a, b in zip(steps, steps[1:], strict=False)]
     cols = list(zip(*rows, strict=True)) if rows else [[0.0]] * 5
     return {"span": steps[-1][1] - steps[0][0] if steps else 0.0, "steps": len(steps),
@@ -121,8 +122,8 @@ def main() -> None:
     lens = ["--input-len", str(args.input_len), "--output-len", str(args.output_len)]
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "sitecustomize.py").write_text(HOOK)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [tmp, *filter(None, [os.environ.get("PYTHONPATH")])]))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(  # the hook, and batch_shape's module
+            [tmp, str(Path(__file__).parent), *filter(None, [os.environ.get("PYTHONPATH")])]))
         url = f"http://127.0.0.1:{args.port}"
         srv_env = dict(env, INFER_STEP_TRACE=f"{tmp}/srv")
         server = subprocess.Popen(["infer", "serve", "--model-path", args.model_path, *extra,
@@ -180,7 +181,6 @@ def main() -> None:
     if len(adds) >= args.clients:
         print(f"| the first {args.clients} requests reached the engine within | "
               f"{(adds[args.clients - 1] - adds[0]) * 1e3:.1f} ms | (all at once) |")
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":
