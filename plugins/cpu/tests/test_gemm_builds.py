@@ -339,4 +339,3 @@ def test_argmax_rows_is_torch_argmax(builds, build):
     assert torch.equal(CpuPlatform.greedy_ids(None, x), x.argmax(dim=-1))  # type: ignore[arg-type]
     assert kernels.argmax_rows(x.double()) is None  # not float32 rows: torch's
     assert kernels.argmax_rows(x.t()) is None
-

@@ -797,7 +797,6 @@ static inline int32_t load4(const void *p) {
   return v;
 }
 
-/* Block i's scale d and (q4) minimum m as floats. */
 /* Block i's scale d and (q4) minimum m, as their float16 bits and as floats. */
 static inline uint16_t block_dh(int kind, const void *w, int64_t i) {
   return kind == 4 ? ((const block_q4 *)w)[i].d : ((const block_q8 *)w)[i].d;
