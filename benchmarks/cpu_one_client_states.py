@@ -9,8 +9,8 @@ together.
 
 Session 34 (AMD EPYC Zen 5, 2 vCPUs): the bf16 model's 128-token prefill took 38-41 ms with
 decode steps of 6.2-7.3 ms in some stretches and 49-53 ms with decode steps of 5.3-5.6 ms in
-others, switching within a run (one switch, in both directions, at the same second), in this
-process alone; a run of prompts with no decode steps between them stayed at 38-39 ms for 150 s.
+others, in this process alone; when a run switched, prefill and decode switched at the same
+second. Prompts with no decode steps between them stayed at 38-39 ms for 150 s.
 """
 
 from __future__ import annotations
