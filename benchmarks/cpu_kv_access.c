@@ -47,7 +47,6 @@
 
 static char *kc[LAYERS], *vc[LAYERS], *wt[LAYERS];
 static long slot[ROWS][LEN];
-static long n_slots;
 static int order, prefetch_in_stream;
 static pthread_barrier_t bar;
 static double attn_s[THREADS];
@@ -71,7 +70,6 @@ static void layout(int page) {
       for (int j = 0; j < LEN; j++)
         slot[b][j] = page == 0 ? (long)b * LEN + j
                                : (j < PROMPT ? (long)b * PROMPT + j : (long)ROWS * PROMPT + (long)(j - PROMPT) * ROWS + b);
-    n_slots = (long)ROWS * LEN;
     return;
   }
   long next = 0, cur[ROWS];
@@ -86,7 +84,6 @@ static void layout(int page) {
       if (j % page == 0) cur[b] = next++;
       slot[b][j] = cur[b] * page + j % page;
     }
-  n_slots = next * page;
 }
 
 static __m512 read_row(int l, int b, __m512 acc) {
@@ -189,7 +186,6 @@ int main(void) {
   const int pages[] = {1, 16, 64, 0};
   const char *page_names[] = {"page 1", "pages of 16", "pages of 64", "contiguous"};
   double best[3][4][2], plain = 1e9;
-  layout(1);
   for (int o = 0; o < 3; o++)
     for (int p = 0; p < 4; p++) best[o][p][0] = best[o][p][1] = 1e9;
   for (int round = 0; round < 3; round++) {
