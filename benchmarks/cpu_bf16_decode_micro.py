@@ -124,7 +124,7 @@ class Stack:
            1e-5, pos.data_ptr(), self.cos_sin.data_ptr(), HEAD_DIM, slots.data_ptr(),
            bt.data_ptr(), bt.stride(0), lens.data_ptr(), ext.data_ptr(), lens.shape[0], PAGE,
            HEAD_DIM ** -0.5, threads, self.final_norm.data_ptr(), 1e-5, self.lm.data.data_ptr(),
-           VOCAB, rows.data_ptr(), rows.shape[0], logits.data_ptr())
+           VOCAB, rows.data_ptr(), rows.shape[0], logits.data_ptr(), None, None)
         return time.perf_counter() - t
 
     def prefill_step(self, fn, threads: int, length: int) -> float:
@@ -150,7 +150,7 @@ class Stack:
            1e-5, self.pos.data_ptr(), self.cos_sin.data_ptr(), HEAD_DIM, self.slots.data_ptr(),
            self.bt.data_ptr(), self.bt.stride(0), self.lens.data_ptr(), PAGE, HEAD_DIM ** -0.5,
            threads, self.final_norm.data_ptr(), 1e-5, self.lm.data.data_ptr(), VOCAB,
-           self.logits.data_ptr())
+           self.logits.data_ptr(), None, None)  # logits (an older revision ignores the two)
         return time.perf_counter() - t
 
 

@@ -18,7 +18,9 @@ Graph-runner contract (a platform plugin registers ``factory(model_runner, graph
     eager ForwardBatch (device tensors already built, ``attn_backend.plan`` NOT called): it
     copies ``fwd.input_ids``, ``fwd.positions`` and ``fwd.attn`` tensors into its static
     buffers (padding rows: seq_len 1, block table row of zeros, slot 0), plans in place,
-    replays, and returns the logits of the real rows.
+    replays, and returns the logits of the real rows. When ``fwd.greedy_ids`` is set (every
+    logit row is a plain greedy sample), it may return their argmax ids instead
+    (``[len(fwd.logits_indices)]`` int64, exactly ``logits.argmax(-1)``), and sampling is skipped.
 
 Several tokens per request per step: a ScheduledSeq with ``num_sample`` k has its last k logit
 rows sampled; its tokens come back together, in order, in ``StepResult.sampled``. Every step of
@@ -67,6 +69,7 @@ class StepInputs:
     tables: np.ndarray  # [B, W] int64 page ids, rows padded with page 0
     slots: list[int]  # KV slot of each new token
     logit_rows: list[int]  # packed rows whose logits are wanted
+    greedy: bool = False  # every logit row is a plain greedy sample: its argmax is all that is used
 
 
 @dataclass
@@ -204,8 +207,10 @@ class ModelRunner:
         return self.build_inputs(inputs), spans
 
     def build_inputs(self, x: StepInputs) -> ForwardBatch:
-        return self._forward_batch(x.ids, x.pos, x.extend, x.seq_lens, x.tables, x.slots,
-                                   x.logit_rows)
+        fwd = self._forward_batch(x.ids, x.pos, x.extend, x.seq_lens, x.tables, x.slots,
+                                  x.logit_rows)
+        fwd.greedy_ids = x.greedy
+        return fwd
 
     def host_inputs(self, batch: ScheduleBatch) -> tuple[StepInputs, list[tuple[Request, int, int]]]:
         """The step's StepInputs and, per sequence, (req, first logit row, number of rows)."""
@@ -265,7 +270,9 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """The model on one step's inputs (a captured graph where one covers them): logits
-        [len(logit_rows), V]. Every rank of a multi-rank executor calls this on the same inputs."""
+        [len(logit_rows), V], or, when ``inputs.greedy`` and the graph runner computes them
+        itself, their argmax ids [len(logit_rows)] int64. Every rank of a multi-rank executor
+        calls this on the same inputs."""
         fwd = self.build_inputs(inputs)
         if self.graph_runner is not None and self.graph_runner.can_run(fwd):
             return self.graph_runner.run(fwd)
@@ -281,15 +288,24 @@ class ModelRunner:
         before this one is resolved. ``publish``: hands the step's inputs to the other ranks
         before this rank runs its shard."""
         inputs, spans = self.host_inputs(batch)
-        if publish is not None:
-            publish(inputs)
-        logits = self.forward(inputs)
         step = LaunchedStep(batch, [], StepResult(), deferred=defer)
         sample_rows = []
         for s, (req, first, n) in zip(batch.seqs, spans, strict=True):
             k = s.num_sample
             sample_rows.extend(range(first + n - k, first + n))
             step.reqs.extend([req] * k)
+        # every logit row sampled, every sample plain greedy: argmax is all the step needs
+        inputs.greedy = (bool(step.reqs) and sample_rows == list(range(len(inputs.logit_rows)))
+                         and all(self._plain_greedy(r) for r in step.reqs))
+        if publish is not None:
+            publish(inputs)
+        logits = self.forward(inputs)
+        if logits.dtype == torch.int64:  # the graph runner's argmax ids (inputs.greedy)
+            ids = logits
+            if defer:
+                self._defer_ids(ids)
+            step.host, step.wait = self.platform.to_host_async(ids)
+            return step
         if step.reqs:
             if sample_rows != list(range(logits.shape[0])):  # else: already one row per sample
                 logits_s = logits.index_select(
@@ -298,14 +314,18 @@ class ModelRunner:
                 logits_s = logits
             ids, packed = self._sample(logits_s, step)
             if defer:
-                b = ids.shape[0]
-                if b > self._future.shape[0]:  # the old rows were read by prepare() already
-                    self._future = torch.empty(b, dtype=torch.int64, device=self.device)
-                self._future[:b].copy_(ids)
+                self._defer_ids(ids)
             # the step's one device->host copy, queued: the host goes on to the next step
             step.host, step.wait = self.platform.to_host_async(packed)
         self._prompt_logprobs(logits, batch, spans, step.result)
         return step
+
+    def _defer_ids(self, ids: torch.Tensor) -> None:
+        """Write a launched step's sampled ids to the future-token buffer."""
+        b = ids.shape[0]
+        if b > self._future.shape[0]:  # the old rows were read by prepare() already
+            self._future = torch.empty(b, dtype=torch.int64, device=self.device)
+        self._future[:b].copy_(ids)
 
     def resolve(self, step: LaunchedStep) -> StepResult:
         """Wait for a launched step and return its results on the host."""

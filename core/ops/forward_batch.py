@@ -15,6 +15,9 @@ class ForwardBatch:
     attn: AttentionMetadata
     logits_indices: torch.Tensor  # [N] int64 rows of the packed tokens whose logits are wanted
     kv_cache: KVCache  # the model runner's caches; layer i reads kv_cache.k[i], kv_cache.v[i]
+    # every logit row is a plain greedy sample: a graph runner may return their argmax ids
+    # ([N] int64, exactly logits.argmax(-1)) instead of the logits
+    greedy_ids: bool = False
 
     @property
     def num_tokens(self) -> int:

@@ -11,7 +11,11 @@ copies of the norm weights and qkv bias with the packed weights and cache pointe
 The step keeps the residual stream in float32 and rounds only the GEMM inputs to bf16 (the
 per-op path keeps the residual in bf16 too), so the two paths agree closely, not bit for bit;
 both are tested against transformers. The final norm and the LM head run in the same native call
-(float32 logits, as ``compute_logits`` gives).
+(float32 logits, as ``compute_logits`` gives). A step whose rows are all plain greedy samples
+(``ForwardBatch.greedy_ids``) gets their argmax ids from the call instead: the head is screened
+with an int8 copy and a rigorous error bound, and only the columns that can hold the maximum are
+computed exactly (the C file's "greedy LM head"; the same ids as argmax of the logits, about
+half the head's time). ``INFER_CPU_GREEDY_SCREEN=0`` turns it off.
 
 Threads: the call runs each layer as four jobs of the kernels' work pool (attention by KV group
 and rows; o projection, gate/up with SiLU, down projection by columns), whose caller waits only
@@ -23,6 +27,7 @@ times (one step in 16 tries the other count, so a change of load is followed);
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from typing import Any
@@ -114,6 +119,12 @@ class BF16DecodeStack:
         self.final_norm = norm.weight.detach().float().contiguous()
         self.final_eps = float(norm.eps)
         self.lm_head = model.lm_head.bf16_packed
+        # greedy steps: the head's int8 screen (argmax ids, exactly; the C file's "greedy LM
+        # head") where the library has it (AVX-512 VNNI, not AMX)
+        self.screen: kb.ScreenData | None = None
+        if (lib.infer_bf16_screen_ok() and self.hidden % 4 == 0
+                and os.environ.get("INFER_CPU_GREEDY_SCREEN", "1") != "0"):
+            self.screen = kb.ScreenData(model.lm_head.weight)
         self.threads = kb.ThreadChoice(torch.get_num_threads(),
                                     int(os.environ.get("INFER_CPU_BF16_DECODE_THREADS", "0")))
         self._fn = lib.infer_bf16_decode_layers
@@ -136,7 +147,8 @@ class BF16DecodeStack:
         b = h.shape[0]
         rows = batch.logits_indices
         fused = rows.shape == (b,) and torch.equal(rows.cpu(), torch.arange(b))
-        logits = torch.empty(b, self.lm_head.out_features) if fused else None
+        ids = torch.empty(b, dtype=torch.int64) if fused and self._greedy(batch) else None
+        logits = torch.empty(b, self.lm_head.out_features) if fused and ids is None else None
         threads = self.threads.pick(b)
         t0 = time.perf_counter()
         self._fn(self.table, self.n_layers, h.data_ptr(), b, self.hidden, self.heads,
@@ -145,9 +157,22 @@ class BF16DecodeStack:
                  bt.data_ptr(), bt.stride(0), seq_lens.data_ptr(), meta.page_size, self.scale,
                  threads, self.final_norm.data_ptr() if fused else None, self.final_eps,
                  self.lm_head.data.data_ptr() if fused else None, self.lm_head.out_features,
-                 logits.data_ptr() if fused else None)
+                 logits.data_ptr() if logits is not None else None, *self._screen_args(ids))
         self.threads.record(b, threads, time.perf_counter() - t0)
+        if ids is not None:
+            return ids
         return logits if logits is not None else self.model.compute_logits(h, batch)
+
+    def _greedy(self, batch: Any) -> bool:
+        """Whether this step returns argmax ids (``batch.greedy_ids``, with the screen built)."""
+        return self.screen is not None and getattr(batch, "greedy_ids", False)
+
+    def _screen_args(self, ids: torch.Tensor | None) -> tuple[Any, Any]:
+        """The native call's (screen, ids) arguments: both NULL for a logits step."""
+        if ids is None:
+            return None, None
+        assert self.screen is not None
+        return ctypes.byref(self.screen.struct), ids.data_ptr()
 
     def run_extend(self, batch: Any) -> torch.Tensor:
         """A batch with prefill or extend rows (mixed with decode rows or not): embedding
@@ -165,7 +190,8 @@ class BF16DecodeStack:
         t = h.shape[0]
         if int(ext.sum()) != t or ext.shape[0] != seq_lens.shape[0] or bool((seq_lens < ext).any()):
             raise ValueError("extend lengths do not match the batch's rows")
-        logits = torch.empty(rows.shape[0], self.lm_head.out_features)
+        ids = torch.empty(rows.shape[0], dtype=torch.int64) if self._greedy(batch) else None
+        logits = torch.empty(rows.shape[0], self.lm_head.out_features) if ids is None else None
         threads = self.extend_threads.pick(t)
         t0 = time.perf_counter()
         self._fwd(self.table, self.n_layers, h.data_ptr(), t, self.hidden, self.heads,
@@ -174,6 +200,7 @@ class BF16DecodeStack:
                   bt.data_ptr(), bt.stride(0), seq_lens.data_ptr(), ext.data_ptr(),
                   ext.shape[0], meta.page_size, self.scale, threads, self.final_norm.data_ptr(),
                   self.final_eps, self.lm_head.data.data_ptr(), self.lm_head.out_features,
-                  rows.data_ptr(), rows.shape[0], logits.data_ptr())
+                  rows.data_ptr(), rows.shape[0],
+                  logits.data_ptr() if logits is not None else None, *self._screen_args(ids))
         self.extend_threads.record(t, threads, time.perf_counter() - t0)
-        return logits
+        return ids if ids is not None else logits

@@ -217,7 +217,7 @@ def _check_stack(d: Dims, threads: int, lib: ctypes.CDLL, seed: int,
         table, n_layers, h.data_ptr(), b, d.hidden, d.heads, d.kv_heads, d.head_dim, d.inter,
         eps, pos.data_ptr(), cos_sin.data_ptr(), d.rot, slots.data_ptr(), bt.data_ptr(),
         bt.stride(0), lens.data_ptr(), page, scale, threads, final_norm.data_ptr(), final_eps,
-        lm_packed.data.data_ptr(), vocab, logits.data_ptr())
+        lm_packed.data.data_ptr(), vocab, logits.data_ptr(), None, None)
     # the same rounding points: only float32 summation order differs, and through it, now and
     # then, one bf16 rounding of a GEMM input flips by an ulp, which moves that row's later
     # values by ~1e-3 (seen in 1 row of 19, and in 1 of 5 with the vectorized exp of SiLU and

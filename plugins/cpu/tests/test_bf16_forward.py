@@ -75,7 +75,7 @@ def _check(d: Dims, seqs: list[tuple[int, int]], threads: int, seed: int, logit_
         pos.data_ptr(), cos_sin.data_ptr(), d.rot, slots.data_ptr(), bt.data_ptr(), bt.stride(0),
         seq_lens.data_ptr(), ext.data_ptr(), len(seqs), PAGE, scale, threads,
         final_norm.data_ptr(), final_eps, lm_packed.data.data_ptr(), vocab, rows.data_ptr(),
-        len(rows), logits.data_ptr())
+        len(rows), logits.data_ptr(), None, None)
     # the same rounding points; float32 sums in another order flip a bf16 rounding now and then
     # by an ulp, and a flipped key or value in the cache moves every later row of its sequence by
     # ~1e-3 (so no count of exact rows is asked for here, unlike the decode stack's test); a

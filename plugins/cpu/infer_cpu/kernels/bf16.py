@@ -44,15 +44,22 @@ class Layer(ctypes.Structure):
                 ("wdown", _P), ("bqkv", _P), ("k_cache", _P), ("v_cache", _P)]
 
 
+class Screen(ctypes.Structure):
+    """The greedy head's int8 screen (the C ``infer_bf16_screen``; ``pack_screen`` builds it)."""
+
+    _fields_ = [("q", _P), ("scale", _P), ("qsum", _P), ("err", _P), ("qnorm", _P),
+                ("wnorm", _P), ("K", _I)]
+
+
 SIGNATURES = {
     "infer_bf16_set_threads": [_I],
     "infer_bf16_isa": [],
     "infer_bf16_gemm": [_P, _I, _L, _I, _I, _P, _P, _I, _P, _I, _L],
     "infer_bf16_decode_layers": [ctypes.POINTER(Layer), _I, _P, _I, _I, _I, _I, _I, _I, _F, _P,
-                                 _P, _I, _P, _P, _L, _P, _I, _F, _I, _P, _F, _P, _I, _P],
+                                 _P, _I, _P, _P, _L, _P, _I, _F, _I, _P, _F, _P, _I, _P, _P, _P],
     "infer_bf16_forward_layers": [ctypes.POINTER(Layer), _I, _P, _I, _I, _I, _I, _I, _I, _F, _P,
                                   _P, _I, _P, _P, _L, _P, _P, _I, _I, _F, _I, _P, _F, _P, _I, _P,
-                                  _I, _P],
+                                  _I, _P, _P, _P],
     "infer_bf16_rms_norm": [_P, _L, _I, _P, _L, _P, _P, _I, _P, _I, _I, _F],
     "infer_bf16_rope": [_P, _P, _L, _I, _P, _L, _I, _I, _I, _I, _P],
     "infer_bf16_silu_mul": [_P, _L, _P, _I, _I],
@@ -60,6 +67,8 @@ SIGNATURES = {
     "infer_bf16_prefill_attention": [_P, _L, _P, _L, _P, _L, _P, _P, _P, _I, _P, _L, _P, _P, _I,
                                      _I, _I, _I, _I, _F, _P],
     "infer_bf16_pool_swaps": [_I],
+    "infer_bf16_screen_ok": [],
+    "infer_bf16_screen_stats": [_P],
 }
 
 _lock = threading.Lock()
@@ -72,7 +81,8 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     for name, argtypes in SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
-        fn.restype = _I if name in ("infer_bf16_isa", "infer_bf16_pool_swaps") else None
+        fn.restype = _I if name in ("infer_bf16_isa", "infer_bf16_pool_swaps",
+                                    "infer_bf16_screen_ok") else None
     lib.infer_bf16_pool_swaps(pool_swap_setting())
     return lib
 
@@ -240,6 +250,36 @@ class PackedBF16:
         nb, k2 = self.data.shape[:2]
         w = self.data.permute(0, 2, 1, 3).reshape(nb * BLOCK, k2 * 2)
         return w[:self.out_features, :self.in_features].contiguous()
+
+
+class ScreenData:
+    """The int8 copy of an LM head [V, K] that ``infer_bf16_decode_layers`` /
+    ``infer_bf16_forward_layers`` screen greedy rows with (see the C file's "greedy LM head"):
+    per column n the scale s_n = max|W_n| / 127 and codes q_n = rint(W_n / s_n), packed
+    [ceil(V / 16), K / 4, 16, 4], and the bound's column terms, computed in float64 and rounded
+    up: 128 sum(q_n), ||W_n - s_n q_n||, s_n ||q_n||, ||W_n||. ``struct`` is the C view."""
+
+    def __init__(self, w: torch.Tensor) -> None:
+        v, k = w.shape
+        if k % 4:
+            raise ValueError(f"the screen needs K a multiple of 4, not {k}")
+        nb = -(-v // BLOCK)
+        wd = torch.zeros(nb * BLOCK, k, dtype=torch.float64)
+        wd[:v] = w.detach().to(device="cpu", dtype=torch.bfloat16).double()
+        amax = wd.abs().amax(dim=1)
+        scale = (amax / 127).float()  # the scale the kernel multiplies by, float32
+        s64 = scale.double()
+        q = torch.where(s64[:, None] > 0, torch.round(wd / s64.clamp_min(1e-300)[:, None]),
+                        torch.zeros_like(wd)).clamp(-127, 127)
+        up = 1 + 2.0 ** -20  # float64 norms rounded to float32: a relative nudge upward
+        self.codes = q.to(torch.int8).reshape(nb, BLOCK, k // 4, 4).permute(0, 2, 1, 3).contiguous()
+        self.scale = scale.contiguous()
+        self.qsum = (128 * q.sum(dim=1)).to(torch.int32).contiguous()
+        self.err = ((wd - s64[:, None] * q).norm(dim=1) * up).float().contiguous()
+        self.qnorm = (s64 * q.norm(dim=1) * up).float().contiguous()
+        self.wnorm = (wd.norm(dim=1) * up).float().contiguous()
+        self.struct = Screen(self.codes.data_ptr(), self.scale.data_ptr(), self.qsum.data_ptr(),
+                             self.err.data_ptr(), self.qnorm.data_ptr(), self.wnorm.data_ptr(), k)
 
 
 def pack(w: torch.Tensor) -> PackedBF16:

@@ -1614,6 +1614,471 @@ static void norm_rows(dec_job *j, const float *w, int nt) {
     dec_norm_rows(j, w, j->st->eps);
 }
 
+/* ---- greedy LM head: int8 screen, exact logits only for the candidates ----
+ * Greedy rows need argmax(logits), not the logits. The screen computes every logit of a row
+ * approximately, with an int8 copy of the head (per-column scale s_n, codes q_n) on u8
+ * activations (vpdpbusd: 64 products an instruction, twice vdpbf16ps's rate on Zen 5), plus a
+ * rigorous bound B_n of the approximation's distance from the exact GEMM's logit; only the
+ * columns whose upper bound approx_n + B_n reaches T = max_n (approx_n - B_n) can hold the
+ * maximum, and those are computed exactly by the head's own bf16 GEMM (same tile code, same
+ * bits as the full head). Any other column's exact logit is below approx + B < T <= the exact
+ * logit of the column that sets T, so it is neither the maximum nor tied with it, and the first
+ * maximum among the candidates (ascending columns) is the first maximum of the row: the ids are
+ * argmax's, exactly.
+ *
+ * The bound, for activations x (the bf16 rows the GEMM reads) and weights W_n:
+ *   the SCR_P k pairs with the batch's largest |x| are taken exactly (vdpbf16ps on the bf16
+ *   head; the residual stream's few large channels would otherwise set the int8 scale), the
+ *   rest xr is quantised per row: x^ = rint(xr / s_x), s_x = max|xr| / 127, and
+ *   approx = s_x s_n sum(x^ q_n) + sum_pairs(x W_n). Then
+ *   |sum(xr W_n) - s_x s_n sum(x^ q_n)| <= ||xr|| ||W_n - s_n q_n|| + s_n ||q_n|| ||xr - s_x x^||
+ *   (Cauchy-Schwarz on both parts), and each float32 dot over K terms (the exact GEMM, the
+ *   exact pairs) is within gamma_K ||x|| ||W_n|| of its real value (gamma_K = K u / (1 - K u),
+ *   u = 2^-24; any summation order). The integer dot is exact; its conversion and two products
+ *   add at most 3u of its magnitude. The norms come from the packer (float64, rounded up) and
+ *   from the row (double); B adds 2^-10 of itself and 2^-20 of the magnitudes for the float
+ *   rounding of its own evaluation.
+ * A row with a non-finite activation, or with more than SCR_CAP candidates in a unit (all
+ * logits close: a zero row), gets every logit exactly and torch's argmax rule (first maximum,
+ * NaN as the maximum). */
+typedef struct {
+  const int8_t *q;      /* [NB][K / 4][16][4]: column n's codes, 4 k at a time */
+  const float *scale;   /* [NB * 16] s_n (0 on the padding columns) */
+  const int32_t *qsum;  /* [NB * 16] 128 sum_k q_n[k] (the u8 activations' offset) */
+  const float *err;     /* [NB * 16] ||W_n - s_n q_n|| */
+  const float *qnorm;   /* [NB * 16] s_n ||q_n|| */
+  const float *wnorm;   /* [NB * 16] ||W_n|| */
+  int K;                /* hidden: a multiple of 4 */
+} infer_bf16_screen;
+
+/* The exact logits of column block b of the activation row x (the head's own GEMM: the full
+ * head's bits) into row[b * CB ...]. */
+static void head_block(const act_t *x, int64_t as, int K, const bf16 *head, int V, int b, float *row) {
+  gemm_blocks_ps(x, as, 1, (K + 1) / 2, head, (int64_t)((K + 1) / 2) * 32, NULL, V, b, b + 1, row, V, 0);
+}
+
+/* argmax of every exact logit of the activation row x, by torch's rule (the first maximum, the
+ * first NaN if any); row: scratch of ceil(V / CB) * CB floats. */
+static int64_t head_argmax_full(const act_t *x, int64_t as, int K, const bf16 *head, int V, float *row) {
+  for (int b = 0; b < ceil_div(V, CB); b++) head_block(x, as, K, head, V, b, row);
+  int64_t best = 0;
+  for (int n = 0; n < V; n++) {
+    if (isnan(row[best])) break;
+    if (isnan(row[n]) || row[n] > row[best]) best = n;
+  }
+  return best;
+}
+
+#if defined(BF16_DP) && defined(__AVX512VNNI__)
+#define SCR 1
+#define SCR_P 8    /* k pairs taken exactly */
+#define SCR_CAP 256 /* candidates a unit keeps per row */
+#define SCR_TM 4   /* rows per register tile */
+
+/* Counts since the last call (rows screened, candidates computed exactly, rows that fell back
+ * to every logit, units whose columns a row computed exactly), for tests and benchmarks; reset
+ * by the read. */
+static _Atomic int64_t g_scr_rows, g_scr_cands, g_scr_full, g_scr_units;
+void infer_bf16_screen_stats(int64_t *out) {
+  out[0] = atomic_exchange(&g_scr_rows, 0);
+  out[1] = atomic_exchange(&g_scr_cands, 0);
+  out[2] = atomic_exchange(&g_scr_full, 0);
+  out[3] = atomic_exchange(&g_scr_units, 0);
+}
+
+int infer_bf16_screen_ok(void) {
+#ifdef BF16_AMX
+  return !amx_on(); /* AMX runs the bf16 head faster than the screen's vpdpbusd */
+#else
+  return 1;
+#endif
+}
+
+typedef struct {
+  const infer_bf16_screen *sc;
+  const act_t *xn; /* [B, as] the normed rows (bf16 pairs) */
+  int64_t as;
+  const bf16 *head; /* the pair-packed bf16 head */
+  int B, K, K4, V, NB, per, np;
+  int32_t pairs[SCR_P];
+  const uint8_t *xu;  /* [B][K] u8 codes: rint(xr / s_x) + 128 */
+  const float *rowf;  /* [B][4]: s_x, ||xr||, ||xr - s_x x^||, 2 gamma ||x|| (rounded up) */
+  float *lo;          /* [units][B] the unit's largest lower bound */
+  _Atomic uint32_t *top; /* [B] the largest lower bound any unit has found so far (float bits) */
+  int32_t *cn;        /* [units][B][SCR_CAP] candidate columns */
+  float *cu;          /* [units][B][SCR_CAP] their upper bounds */
+  int32_t *cc;        /* [units][B] candidates kept; -1: more than SCR_CAP */
+  int units;
+  int32_t *cand;      /* [workers][units * SCR_CAP] a row's candidates */
+  float *wrow;        /* [workers][NB * CB] an overflowed unit's exact logits */
+  char *bad;          /* [B] rows that take every logit */
+  int64_t *ids;
+} scr_job;
+
+/* Keep column n (upper bound up) for row slot (cn, cu, cc) if up >= t; compact when full. */
+static inline void scr_keep(int32_t *cn, float *cu, int32_t *cc, float t, int n, float up) {
+  if (*cc < 0 || up < t) return;
+  if (*cc == SCR_CAP) {
+    int k = 0;
+    for (int i = 0; i < SCR_CAP; i++)
+      if (cu[i] >= t) {
+        cn[k] = cn[i];
+        cu[k++] = cu[i];
+      }
+    if (k == SCR_CAP) {
+      *cc = -1;
+      return;
+    }
+    *cc = k;
+  }
+  cn[*cc] = n;
+  cu[(*cc)++] = up;
+}
+
+/* top[m] = max(top[m], t) (t a float; the bits of floats compare as the floats do only for
+ * non-negative values, so the comparison is on the floats). Returns the new maximum. */
+static inline float scr_raise(_Atomic uint32_t *top, float t) {
+  uint32_t old = atomic_load_explicit(top, memory_order_relaxed), want;
+  float cur;
+  do {
+    memcpy(&cur, &old, sizeof cur);
+    if (!(t > cur)) return cur;
+    memcpy(&want, &t, sizeof want);
+  } while (!atomic_compare_exchange_weak_explicit(top, &old, want, memory_order_relaxed,
+                                                  memory_order_relaxed));
+  return t;
+}
+
+static inline float scr_top(_Atomic uint32_t *top) {
+  uint32_t bits = atomic_load_explicit(top, memory_order_relaxed);
+  float t;
+  memcpy(&t, &bits, sizeof t);
+  return t;
+}
+
+/* The int8 register tile: acc[m][bb] (int32 x 16 columns) = sum over k of the u8 activations
+ * of row m (xu, row stride xs bytes) and the codes of block bb (q0, K4 quads a block). */
+static inline __attribute__((always_inline)) void scr_tile(const int8_t *q0, int K4,
+                                                           const uint8_t *xu, int64_t xs, int tm,
+                                                           int tb, int32_t out[][TB][CB]) {
+  __m512i acc[SCR_TM][TB];
+  for (int m = 0; m < tm; m++)
+    for (int bb = 0; bb < tb; bb++) acc[m][bb] = _mm512_setzero_si512();
+  for (int k = 0; k < K4; k++) {
+    __m512i w[TB];
+    for (int bb = 0; bb < tb; bb++) {
+      w[bb] = _mm512_loadu_si512((const void *)(q0 + ((int64_t)bb * K4 + k) * 64));
+      __asm__("" : "+v"(w[bb])); /* held in a register, as in tile() */
+    }
+    for (int m = 0; m < tm; m++) {
+      int32_t quad;
+      memcpy(&quad, xu + m * xs + 4 * k, sizeof quad);
+      __m512i xv = _mm512_set1_epi32(quad);
+      for (int bb = 0; bb < tb; bb++) acc[m][bb] = _mm512_dpbusd_epi32(acc[m][bb], xv, w[bb]);
+    }
+  }
+  for (int m = 0; m < tm; m++)
+    for (int bb = 0; bb < tb; bb++) _mm512_storeu_si512((void *)out[m][bb], acc[m][bb]);
+}
+
+/* The exact pairs' register tile: out[m][bb] = sum over the np pairs of the bf16 head's block
+ * bb (P0, ps elements a block) against row m's activation pairs (xn, row stride as). */
+static inline __attribute__((always_inline)) void scr_pairs(const bf16 *P0, int64_t ps,
+                                                            const act_t *xn, int64_t as,
+                                                            const int32_t *pairs, int np, int tm,
+                                                            int tb, float out[][TB][CB]) {
+  __m512 e[SCR_TM][TB];
+  for (int m = 0; m < tm; m++)
+    for (int bb = 0; bb < tb; bb++) e[m][bb] = _mm512_setzero_ps();
+  for (int i = 0; i < np; i++) {
+    __m512i w[TB];
+    for (int bb = 0; bb < tb; bb++)
+      w[bb] = _mm512_loadu_si512((const void *)(P0 + bb * ps + (int64_t)pairs[i] * 32));
+    for (int m = 0; m < tm; m++) {
+      int32_t pair;
+      memcpy(&pair, xn + m * as + 2 * pairs[i], sizeof pair);
+      __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+      for (int bb = 0; bb < tb; bb++) e[m][bb] = _mm512_dpbf16_ps(e[m][bb], (__m512bh)w[bb], xv);
+    }
+  }
+  for (int m = 0; m < tm; m++)
+    for (int bb = 0; bb < tb; bb++) _mm512_storeu_ps(out[m][bb], e[m][bb]);
+}
+
+static void scr_unit(void *p, int u, int worker) {
+  const scr_job *j = (const scr_job *)p;
+  const infer_bf16_screen *sc = j->sc;
+  (void)worker;
+  int b0 = u * j->per, b1 = b0 + j->per < j->NB ? b0 + j->per : j->NB, K4 = j->K4;
+  int64_t ps = (int64_t)((j->K + 1) / 2) * 32;
+  float *lo = j->lo + (int64_t)u * j->B;
+  int32_t *cc = j->cc + (int64_t)u * j->B;
+  for (int m = 0; m < j->B; m++) {
+    lo[m] = -INFINITY;
+    cc[m] = 0;
+  }
+  float ex[SCR_TM][TB][CB];   /* the exact pairs' sums of a tile */
+  int32_t iacc[SCR_TM][TB][CB]; /* its integer dots */
+  for (int b = b0; b < b1; b += TB) {
+    int tb = b1 - b < TB ? b1 - b : TB;
+    const int8_t *q0 = sc->q + (int64_t)b * K4 * 64;
+    const bf16 *P0 = j->head + b * ps;
+    for (int m0 = 0; m0 < j->B; m0 += SCR_TM) {
+      int tm = j->B - m0 < SCR_TM ? j->B - m0 : SCR_TM;
+      const uint8_t *xu = j->xu + (int64_t)m0 * j->K;
+      const act_t *xn = j->xn + (int64_t)m0 * j->as;
+      if (tm == SCR_TM && tb == TB) { /* constant sizes: the sums stay in registers */
+        scr_pairs(P0, ps, xn, j->as, j->pairs, j->np, SCR_TM, TB, ex);
+        scr_tile(q0, K4, xu, j->K, SCR_TM, TB, iacc);
+      } else {
+        scr_pairs(P0, ps, xn, j->as, j->pairs, j->np, tm, tb, ex);
+        scr_tile(q0, K4, xu, j->K, tm, tb, iacc);
+      }
+      for (int m = 0; m < tm; m++) {
+        const float *rf = j->rowf + (int64_t)(m0 + m) * 4;
+        __m512 sx = _mm512_set1_ps(rf[0]), ra = _mm512_set1_ps(rf[1]), rr = _mm512_set1_ps(rf[2]),
+               rg = _mm512_set1_ps(rf[3]);
+        __m512 ap[TB], bd[TB], lmax = _mm512_set1_ps(-INFINITY);
+        for (int bb = 0; bb < tb; bb++) {
+          int n0 = (b + bb) * CB;
+          __m512 ip = _mm512_mul_ps(
+              _mm512_mul_ps(sx, _mm512_loadu_ps(sc->scale + n0)),
+              _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(iacc[m][bb]),
+                                                  _mm512_loadu_si512(sc->qsum + n0))));
+          __m512 e = _mm512_loadu_ps(ex[m][bb]);
+          ap[bb] = _mm512_add_ps(ip, e);
+          __m512 d = _mm512_fmadd_ps(ra, _mm512_loadu_ps(sc->err + n0),
+                                     _mm512_fmadd_ps(rr, _mm512_loadu_ps(sc->qnorm + n0),
+                                                     _mm512_mul_ps(rg, _mm512_loadu_ps(sc->wnorm + n0))));
+          __m512 mag = _mm512_add_ps(_mm512_abs_ps(ip), _mm512_abs_ps(e));
+          bd[bb] = _mm512_fmadd_ps(d, _mm512_set1_ps(1.f + 0x1p-10f),
+                                   _mm512_fmadd_ps(mag, _mm512_set1_ps(0x1p-20f), _mm512_set1_ps(1e-30f)));
+          __mmask16 real = n0 + CB <= j->V ? 0xFFFF : (__mmask16)((1u << (j->V - n0)) - 1);
+          lmax = _mm512_mask_max_ps(lmax, real, lmax, _mm512_sub_ps(ap[bb], bd[bb]));
+        }
+        /* prune by the best lower bound any unit has found: the candidates that can still
+         * hold the row's maximum, whichever unit holds it */
+        float t = _mm512_reduce_max_ps(lmax);
+        if (t > lo[m0 + m]) lo[m0 + m] = t;
+        t = lo[m0 + m];
+        float g = scr_top(j->top + m0 + m);
+        if (t > g) g = scr_raise(j->top + m0 + m, t);
+        t = g > t ? g : t;
+        int32_t *cn = j->cn + ((int64_t)u * j->B + m0 + m) * SCR_CAP;
+        float *cu = j->cu + ((int64_t)u * j->B + m0 + m) * SCR_CAP;
+        for (int bb = 0; bb < tb; bb++) {
+          int n0 = (b + bb) * CB;
+          __mmask16 real = n0 + CB <= j->V ? 0xFFFF : (__mmask16)((1u << (j->V - n0)) - 1);
+          __m512 up = _mm512_add_ps(ap[bb], bd[bb]);
+          __mmask16 keep = _mm512_mask_cmp_ps_mask(real, up, _mm512_set1_ps(t), _CMP_GE_OQ);
+          if (keep) {
+            float upv[CB];
+            _mm512_storeu_ps(upv, up);
+            for (int c = 0; c < CB; c++)
+              if (keep >> c & 1) scr_keep(cn, cu, cc + m0 + m, t, n0 + c, upv[c]);
+          }
+        }
+      }
+    }
+  }
+}
+
+/* Row u's candidates: those of every unit whose upper bound reaches the row's best lower
+ * bound, computed exactly 16 at a time and in ascending order, the first maximum kept. Each
+ * lane runs column n's sums as the head's tile does (vdpbf16ps over the k pairs in order, from
+ * zero), its weights gathered from the packed head: the same bits. Sets bad[u] where the row
+ * must take every logit. */
+static void scr_exact_unit(void *p, int u, int worker) {
+  const scr_job *j = (const scr_job *)p;
+  int m = u, K2 = (j->K + 1) / 2;
+  if (j->bad[m]) return;
+  float t = scr_top(j->top + m);
+  int32_t *cand = j->cand + (int64_t)worker * j->units * SCR_CAP;
+  float *wrow = j->wrow + (int64_t)worker * j->NB * CB;
+  const act_t *x = j->xn + (int64_t)m * j->as;
+  int64_t best = -1;
+  float bv = 0.f;
+  int nc = 0, bad = 0;
+/* column n's exact logit e: the maximum so far, the lower column on a tie (units and
+ * candidates may come in any order); a non-finite logit sends the row to every logit */
+#define SCR_CONSIDER(n, e)                                                  \
+  do {                                                                      \
+    if (!isfinite(e)) bad = 1;                                              \
+    else if (best < 0 || (e) > bv || ((e) == bv && (n) < best)) {           \
+      best = (n);                                                           \
+      bv = (e);                                                             \
+    }                                                                       \
+  } while (0)
+  for (int v = 0; v < j->units && !bad; v++) {
+    int32_t n_v = j->cc[(int64_t)v * j->B + m];
+    if (n_v < 0) { /* more candidates than the unit kept: its columns exactly, all of them */
+      int vb1 = (v + 1) * j->per < j->NB ? (v + 1) * j->per : j->NB;
+      for (int b = v * j->per; b < vb1; b++) {
+        head_block(x, j->as, j->K, j->head, j->V, b, wrow);
+        for (int n = b * CB; n < (b + 1) * CB && n < j->V; n++) SCR_CONSIDER(n, wrow[n]);
+      }
+      atomic_fetch_add(&g_scr_units, 1);
+      continue;
+    }
+    const int32_t *cn = j->cn + ((int64_t)v * j->B + m) * SCR_CAP;
+    const float *cu = j->cu + ((int64_t)v * j->B + m) * SCR_CAP;
+    for (int i = 0; i < n_v; i++)
+      if (cu[i] >= t) cand[nc++] = cn[i];
+  }
+  atomic_fetch_add(&g_scr_cands, nc);
+  int64_t ps2 = (int64_t)K2 * 32 * 2; /* bytes from one packed block to the next */
+  for (int c0 = 0; c0 < nc && !bad; c0 += CB) {
+    int cnt = nc - c0 < CB ? nc - c0 : CB;
+    int32_t off[CB];
+    for (int i = 0; i < CB; i++) {
+      int n = cand[c0 + (i < cnt ? i : 0)];
+      off[i] = (int32_t)((n / CB) * ps2 + (n % CB) * 4);
+    }
+    __m512i vo = _mm512_loadu_si512((const void *)off);
+    __m512 acc = _mm512_setzero_ps();
+    for (int k = 0; k < K2; k++) {
+      __m512i w = _mm512_i32gather_epi32(vo, (const void *)((const char *)j->head + (int64_t)k * 64), 1);
+      int32_t pair;
+      memcpy(&pair, x + 2 * k, sizeof pair);
+      acc = _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)_mm512_set1_epi32(pair));
+    }
+    float val[CB];
+    _mm512_storeu_ps(val, acc);
+    for (int i = 0; i < cnt; i++) {
+      float e = val[i] + 0.f; /* as store16 */
+      SCR_CONSIDER(cand[c0 + i], e);
+    }
+  }
+#undef SCR_CONSIDER
+  if (bad || best < 0) j->bad[m] = 1;
+  else j->ids[m] = best;
+}
+
+/* ids[m] = argmax of the exact logits of row m (xn rows), every row. */
+static void head_greedy(const act_t *xn, int64_t as, int B, int K, const bf16 *head, int V,
+                        const infer_bf16_screen *sc, int per, int nt, int64_t *ids) {
+  scr_job j;
+  memset(&j, 0, sizeof j);
+  j.sc = sc;
+  j.xn = xn;
+  j.as = as;
+  j.head = head;
+  j.B = B;
+  j.K = K;
+  j.K4 = K / 4;
+  j.V = V;
+  j.NB = ceil_div(V, CB);
+  j.per = ceil_div(per, TB) * TB;
+  int units = ceil_div(j.NB, j.per), K2 = K / 2;
+  float *x = (float *)malloc(sizeof(float) * (size_t)B * K);
+  uint8_t *xu = (uint8_t *)malloc((size_t)B * K);
+  float *rowf = (float *)malloc(sizeof(float) * (size_t)B * 4);
+  char *bad = (char *)calloc((size_t)B, 1);
+  for (int m = 0; m < B; m++)
+    for (int k = 0; k < K; k++) {
+      x[(int64_t)m * K + k] = bf16_to_f32(xn[(int64_t)m * as + k]);
+      if (!isfinite(x[(int64_t)m * K + k])) bad[m] = 1;
+    }
+  /* the batch's SCR_P pairs of largest |x| (finite rows), ascending */
+  float *pm = (float *)calloc((size_t)K2, sizeof(float));
+  for (int m = 0; m < B; m++)
+    if (!bad[m])
+      for (int k = 0; k < K; k++) {
+        float a = fabsf(x[(int64_t)m * K + k]);
+        if (a > pm[k / 2]) pm[k / 2] = a;
+      }
+  j.np = K2 < SCR_P ? K2 : SCR_P;
+  for (int i = 0; i < j.np; i++) {
+    int best = -1;
+    for (int k = 0; k < K2; k++)
+      if (pm[k] >= 0 && (best < 0 || pm[k] > pm[best])) best = k;
+    j.pairs[i] = best;
+    pm[best] = -1.f;
+  }
+  for (int i = 1; i < j.np; i++) /* ascending (insertion sort of <= 8) */
+    for (int a = i; a > 0 && j.pairs[a - 1] > j.pairs[a]; a--) {
+      int32_t t = j.pairs[a];
+      j.pairs[a] = j.pairs[a - 1];
+      j.pairs[a - 1] = t;
+    }
+  char *exact = (char *)calloc((size_t)K, 1);
+  for (int i = 0; i < j.np; i++) exact[2 * j.pairs[i]] = exact[2 * j.pairs[i] + 1] = 1;
+  const double g = 2.0 * (K + 2) * 0x1p-24 / (1.0 - (K + 2) * 0x1p-24);
+  for (int m = 0; m < B; m++) {
+    const float *xm = x + (int64_t)m * K;
+    uint8_t *um = xu + (int64_t)m * K;
+    float amax = 0.f;
+    for (int k = 0; k < K; k++)
+      if (!exact[k] && fabsf(xm[k]) > amax) amax = fabsf(xm[k]);
+    float sx = amax > 0.f ? amax / 127.f : 1.f;
+    double ra = 0, rr = 0, c = 0;
+    for (int k = 0; k < K; k++) {
+      c += (double)xm[k] * xm[k];
+      if (exact[k] || bad[m]) {
+        um[k] = 128;
+        continue;
+      }
+      float v = nearbyintf(xm[k] / sx);
+      v = v > 127.f ? 127.f : (v < -127.f ? -127.f : v);
+      um[k] = (uint8_t)(int)(v + 128.f);
+      double d = (double)xm[k] - (double)sx * v;
+      ra += (double)xm[k] * xm[k];
+      rr += d * d;
+    }
+    float *rf = rowf + (int64_t)m * 4;
+    rf[0] = sx;
+    rf[1] = (float)(sqrt(ra) * (1 + 0x1p-20));
+    rf[2] = (float)(sqrt(rr) * (1 + 0x1p-20));
+    rf[3] = (float)(g * sqrt(c) * (1 + 0x1p-20));
+  }
+  j.xu = xu;
+  j.rowf = rowf;
+  j.lo = (float *)malloc(sizeof(float) * (size_t)units * B);
+  j.cc = (int32_t *)malloc(sizeof(int32_t) * (size_t)units * B);
+  j.cn = (int32_t *)malloc(sizeof(int32_t) * (size_t)units * B * SCR_CAP);
+  j.cu = (float *)malloc(sizeof(float) * (size_t)units * B * SCR_CAP);
+  j.top = (_Atomic uint32_t *)malloc(sizeof(_Atomic uint32_t) * (size_t)B);
+  for (int m = 0; m < B; m++) {
+    float ninf = -INFINITY;
+    uint32_t bits;
+    memcpy(&bits, &ninf, sizeof bits);
+    atomic_init(j.top + m, bits);
+  }
+  pool_run(scr_unit, &j, units, nt);
+  j.bad = bad;
+  j.ids = ids;
+  j.cand = (int32_t *)malloc(sizeof(int32_t) * (size_t)nt * units * SCR_CAP);
+  j.wrow = (float *)malloc(sizeof(float) * (size_t)nt * j.NB * CB);
+  j.units = units;
+  pool_run(scr_exact_unit, &j, B, nt);
+  float *row = (float *)malloc(sizeof(float) * (size_t)j.NB * CB);
+  for (int m = 0; m < B; m++) {
+    if (bad[m]) {
+      ids[m] = head_argmax_full(xn + (int64_t)m * as, as, K, head, V, row);
+      atomic_fetch_add(&g_scr_full, 1);
+    }
+    atomic_fetch_add(&g_scr_rows, 1);
+  }
+  free(row);
+  free(j.cand);
+  free(j.wrow);
+  free(j.lo);
+  free(j.cc);
+  free(j.cn);
+  free(j.cu);
+  free((void *)j.top);
+  free(exact);
+  free(pm);
+  free(bad);
+  free(rowf);
+  free(xu);
+  free(x);
+}
+#else
+int infer_bf16_screen_ok(void) { return 0; }
+void infer_bf16_screen_stats(int64_t *out) { out[0] = out[1] = out[2] = out[3] = 0; }
+#endif
+
 /* One layer as four pool jobs (five over extend rows: the projections, then the attention);
  * between them the caller normalises rows or converts the attention output. A job's units
  * write disjoint columns (or rows), so the only waits are for units already taken: a helper
@@ -1663,14 +2128,17 @@ static void run_layer(dec_job *j, int nt, pf_job *pf) {
  * each row attending to the keys up to its own position (the prefill attention above).
  * On `threads` threads (0: the library's count). With a final norm (float32 [hidden], eps
  * final_eps) and a pair-packed LM head [vocab, hidden], also logits [n_logits, vocab] float32
- * = lm_head(norm(h[logit_rows[i]])) (logit_rows NULL: every row, n_logits = T). */
+ * = lm_head(norm(h[logit_rows[i]])) (logit_rows NULL: every row, n_logits = T); with ids
+ * (int64 [n_logits]) instead, each of those rows' argmax, exactly (the int8 screen above where
+ * screen is given and the library has it, else every logit). */
 static void run_stack(const infer_bf16_layer *layers, int n_layers, float *h, int T, int hidden,
                       int H, int Hkv, int D, int inter, float eps, const int64_t *pos,
                       const float *cos_sin, int rot_dim, const int64_t *slots,
                       const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
                       const int32_t *ext_lens, int n_seqs, int page, float scale, int threads,
                       const float *final_norm, float final_eps, const bf16 *lm_head, int vocab,
-                      const int64_t *logit_rows, int n_logits, float *logits) {
+                      const int64_t *logit_rows, int n_logits, float *logits,
+                      const infer_bf16_screen *screen, int64_t *ids) {
   int B = T, seqs = ext_lens ? n_seqs : T;
   bf16_step st = {layers, n_layers, B, hidden, H, Hkv, D, inter, rot_dim, page, eps, scale,
                   h, pos, slots, cos_sin, block_tables, seq_lens, bt_stride};
@@ -1766,7 +2234,22 @@ static void run_stack(const infer_bf16_layer *layers, int n_layers, float *h, in
     j.per_v = ceil_div(j.per_v, TILE_TB) * TILE_TB;
     if (st2.B > 0) {
       dec_norm_rows(&j, final_norm, final_eps);
-      pool_run(dec_head_unit, &j, ceil_div(ceil_div(vocab, CB), j.per_v), nt);
+      if (ids != NULL) {
+#ifndef SCR
+        (void)screen;
+#else
+        if (screen != NULL && screen->K == hidden && hidden % 4 == 0) {
+          head_greedy(j.xn, j.as, st2.B, hidden, lm_head, vocab, screen, j.per_v, nt, ids);
+        } else
+#endif
+        {
+          float *row = (float *)malloc(sizeof(float) * (size_t)ceil_div(vocab, CB) * CB);
+          for (int m = 0; m < st2.B; m++)
+            ids[m] = head_argmax_full(j.xn + (int64_t)m * j.as, j.as, hidden, lm_head, vocab, row);
+          free(row);
+        }
+      } else
+        pool_run(dec_head_unit, &j, ceil_div(ceil_div(vocab, CB), j.per_v), nt);
     }
     free(hl);
   }
@@ -1790,21 +2273,24 @@ static void run_stack(const infer_bf16_layer *layers, int n_layers, float *h, in
 }
 
 /* One decode step of every layer (run_stack's decode mode): B sequences, one new token each at
- * pos[m]; logits [B, vocab] for every row when final_norm is given. */
+ * pos[m]; logits [B, vocab] (or, with ids, their argmax [B]) for every row when final_norm is
+ * given. */
 void infer_bf16_decode_layers(const infer_bf16_layer *layers, int n_layers, float *h, int B,
                               int hidden, int H, int Hkv, int D, int inter, float eps,
                               const int64_t *pos, const float *cos_sin, int rot_dim,
                               const int64_t *slots, const int32_t *block_tables, int64_t bt_stride,
                               const int32_t *seq_lens, int page, float scale, int threads,
                               const float *final_norm, float final_eps, const bf16 *lm_head,
-                              int vocab, float *logits) {
+                              int vocab, float *logits, const infer_bf16_screen *screen,
+                              int64_t *ids) {
   run_stack(layers, n_layers, h, B, hidden, H, Hkv, D, inter, eps, pos, cos_sin, rot_dim, slots,
             block_tables, bt_stride, seq_lens, NULL, B, page, scale, threads, final_norm,
-            final_eps, lm_head, vocab, NULL, B, logits);
+            final_eps, lm_head, vocab, NULL, B, logits, screen, ids);
 }
 
 /* A forward over extend rows (run_stack's extend mode): T rows of n_seqs sequences; logits
- * [n_logits, vocab] of the rows logit_rows (int64) when final_norm is given. */
+ * [n_logits, vocab] (or, with ids, their argmax [n_logits]) of the rows logit_rows (int64) when
+ * final_norm is given. */
 void infer_bf16_forward_layers(const infer_bf16_layer *layers, int n_layers, float *h, int T,
                                int hidden, int H, int Hkv, int D, int inter, float eps,
                                const int64_t *pos, const float *cos_sin, int rot_dim,
@@ -1813,8 +2299,9 @@ void infer_bf16_forward_layers(const infer_bf16_layer *layers, int n_layers, flo
                                const int32_t *ext_lens, int n_seqs, int page, float scale,
                                int threads, const float *final_norm, float final_eps,
                                const bf16 *lm_head, int vocab, const int64_t *logit_rows,
-                               int n_logits, float *logits) {
+                               int n_logits, float *logits, const infer_bf16_screen *screen,
+                               int64_t *ids) {
   run_stack(layers, n_layers, h, T, hidden, H, Hkv, D, inter, eps, pos, cos_sin, rot_dim, slots,
             block_tables, bt_stride, seq_lens, ext_lens, n_seqs, page, scale, threads, final_norm,
-            final_eps, lm_head, vocab, logit_rows, n_logits, logits);
+            final_eps, lm_head, vocab, logit_rows, n_logits, logits, screen, ids);
 }
