@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("--max-running-requests", type=int, default=32)
     args = ap.parse_args()
 
+    import torch
     from infer.cli.bench_engine import run_offline, warmup
     from infer.core.config import ServerArgs
     from infer.core.engine.engine_core import EngineCore
@@ -66,6 +67,8 @@ def main() -> None:
         return launch(batch, defer)
 
     core.executor.launch = timed
+    screen_stats = torch.zeros(4, dtype=torch.int64)  # the bf16 stack's greedy head, if it ran
+    kb.load().infer_bf16_screen_stats(screen_stats.data_ptr())
     res = run_offline(core, args.num_prompts, args.input_len, args.output_len, 1.0, rng,
                       progress=False)
     ends = [t for _, _, t in steps[1:]] + [time.perf_counter()]
@@ -96,6 +99,11 @@ def main() -> None:
             if xs:
                 print(f"native {what} calls{'' if rows_class is None else f' of {rows_class} rows'}"
                       f" on {threads} thread(s): {len(xs)}, mean {statistics.mean(xs) * 1e3:.1f} ms")
+    kb.load().infer_bf16_screen_stats(screen_stats.data_ptr())
+    rows, cands, full, units = screen_stats.tolist()
+    if rows:
+        print(f"greedy head: {rows} rows screened, {cands / rows:.1f} candidates a row computed "
+              f"exactly, {full} rows on every logit, {units} units computed whole")
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ class Screen(ctypes.Structure):
     """The greedy head's int8 screen (the C ``infer_bf16_screen``; ``pack_screen`` builds it)."""
 
     _fields_ = [("q", _P), ("scale", _P), ("qsum", _P), ("err", _P), ("qnorm", _P),
-                ("wnorm", _P), ("K", _I)]
+                ("wnorm", _P), ("rows", _P), ("K", _I)]
 
 
 SIGNATURES = {
@@ -257,7 +257,9 @@ class ScreenData:
     ``infer_bf16_forward_layers`` screen greedy rows with (see the C file's "greedy LM head"):
     per column n the scale s_n = max|W_n| / 127 and codes q_n = rint(W_n / s_n), packed
     [ceil(V / 16), K / 4, 16, 4], and the bound's column terms, computed in float64 and rounded
-    up: 128 sum(q_n), ||W_n - s_n q_n||, s_n ||q_n||, ||W_n||. ``struct`` is the C view."""
+    up: 128 sum(q_n), ||W_n - s_n q_n||, s_n ||q_n||, ||W_n||; and W itself in bf16, row-major
+    (``w`` when it is already that: a bf16 model's tied embedding, no copy), which the
+    candidates' exact dots read. ``struct`` is the C view."""
 
     def __init__(self, w: torch.Tensor) -> None:
         v, k = w.shape
@@ -278,8 +280,10 @@ class ScreenData:
         self.err = ((wd - s64[:, None] * q).norm(dim=1) * up).float().contiguous()
         self.qnorm = (s64 * q.norm(dim=1) * up).float().contiguous()
         self.wnorm = (wd.norm(dim=1) * up).float().contiguous()
+        self.rows = w.detach().to(device="cpu", dtype=torch.bfloat16).contiguous()
         self.struct = Screen(self.codes.data_ptr(), self.scale.data_ptr(), self.qsum.data_ptr(),
-                             self.err.data_ptr(), self.qnorm.data_ptr(), self.wnorm.data_ptr(), k)
+                             self.err.data_ptr(), self.qnorm.data_ptr(), self.wnorm.data_ptr(),
+                             self.rows.data_ptr(), k)
 
 
 def pack(w: torch.Tensor) -> PackedBF16:

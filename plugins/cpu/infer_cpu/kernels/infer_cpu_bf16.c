@@ -1648,6 +1648,7 @@ typedef struct {
   const float *err;     /* [NB * 16] ||W_n - s_n q_n|| */
   const float *qnorm;   /* [NB * 16] s_n ||q_n|| */
   const float *wnorm;   /* [NB * 16] ||W_n|| */
+  const bf16 *rows;     /* [V, K] the head's weights, row-major: the candidates' exact dots */
   int K;                /* hidden: a multiple of 4 */
 } infer_bf16_screen;
 
@@ -1674,6 +1675,9 @@ static int64_t head_argmax_full(const act_t *x, int64_t as, int K, const bf16 *h
 #define SCR_P 8    /* k pairs taken exactly */
 #define SCR_CAP 256 /* candidates a unit keeps per row */
 #define SCR_TM 4   /* rows per register tile */
+#ifndef SCR_PF
+#define SCR_PF 1 /* the next column group's codes and pair lines prefetched (into L2) */
+#endif
 
 /* Counts since the last call (rows screened, candidates computed exactly, rows that fell back
  * to every logit, units whose columns a row computed exactly), for tests and benchmarks; reset
@@ -1823,8 +1827,21 @@ static void scr_unit(void *p, int u, int worker) {
     int tb = b1 - b < TB ? b1 - b : TB;
     const int8_t *q0 = sc->q + (int64_t)b * K4 * 64;
     const bf16 *P0 = j->head + b * ps;
+    /* the next group's codes (TB blocks, contiguous) prefetched, a share before each row
+     * tile: each column is read from memory once, in 4 KB-page streams the hardware
+     * prefetcher does not carry over */
+    const char *nx = SCR_PF && b + TB < b1 ? (const char *)(q0 + (int64_t)TB * K4 * 64) : NULL;
+    int64_t nx_len = nx ? (int64_t)(b1 - b - TB < TB ? b1 - b - TB : TB) * K4 * 64 : 0;
+    int tiles = ceil_div(j->B, SCR_TM);
+    int64_t nx_step = 64 * ceil_div((int)(nx_len / 64), tiles), nx_at = 0;
     for (int m0 = 0; m0 < j->B; m0 += SCR_TM) {
       int tm = j->B - m0 < SCR_TM ? j->B - m0 : SCR_TM;
+      for (int64_t e = nx_at + nx_step; nx_at < nx_len && nx_at < e; nx_at += 64)
+        __builtin_prefetch(nx + nx_at, 0, 2);
+      if (SCR_PF && m0 == 0 && nx) /* and its blocks' exact-pair lines of the bf16 head */
+        for (int bb = 0; bb < TB && b + TB + bb < b1; bb++)
+          for (int i = 0; i < j->np; i++)
+            __builtin_prefetch(P0 + (TB + bb) * ps + (int64_t)j->pairs[i] * 32, 0, 2);
       const uint8_t *xu = j->xu + (int64_t)m0 * j->K;
       const act_t *xn = j->xn + (int64_t)m0 * j->as;
       if (tm == SCR_TM && tb == TB) { /* constant sizes: the sums stay in registers */
@@ -1884,10 +1901,10 @@ static void scr_unit(void *p, int u, int worker) {
 }
 
 /* Row u's candidates: those of every unit whose upper bound reaches the row's best lower
- * bound, computed exactly 16 at a time and in ascending order, the first maximum kept. Each
- * lane runs column n's sums as the head's tile does (vdpbf16ps over the k pairs in order, from
- * zero), its weights gathered from the packed head: the same bits. Sets bad[u] where the row
- * must take every logit. */
+ * bound, computed exactly 16 at a time, the first maximum kept. Each lane runs column n's sums
+ * as the head's tile does (vdpbf16ps over the k pairs in order, from zero): the same bits. Its
+ * weights are gathered from the row-major head, where a column is 18 lines at K = 576 (in the
+ * packed head, 288). Sets bad[u] where the row must take every logit. */
 static void scr_exact_unit(void *p, int u, int worker) {
   const scr_job *j = (const scr_job *)p;
   int m = u, K2 = (j->K + 1) / 2;
@@ -1926,18 +1943,15 @@ static void scr_exact_unit(void *p, int u, int worker) {
       if (cu[i] >= t) cand[nc++] = cn[i];
   }
   atomic_fetch_add(&g_scr_cands, nc);
-  int64_t ps2 = (int64_t)K2 * 32 * 2; /* bytes from one packed block to the next */
   for (int c0 = 0; c0 < nc && !bad; c0 += CB) {
     int cnt = nc - c0 < CB ? nc - c0 : CB;
     int32_t off[CB];
-    for (int i = 0; i < CB; i++) {
-      int n = cand[c0 + (i < cnt ? i : 0)];
-      off[i] = (int32_t)((n / CB) * ps2 + (n % CB) * 4);
-    }
+    for (int i = 0; i < CB; i++) /* lane i: its column's row of the row-major head */
+      off[i] = cand[c0 + (i < cnt ? i : 0)] * j->K * 2;
     __m512i vo = _mm512_loadu_si512((const void *)off);
     __m512 acc = _mm512_setzero_ps();
     for (int k = 0; k < K2; k++) {
-      __m512i w = _mm512_i32gather_epi32(vo, (const void *)((const char *)j->head + (int64_t)k * 64), 1);
+      __m512i w = _mm512_i32gather_epi32(vo, (const void *)((const char *)j->sc->rows + (int64_t)k * 4), 1);
       int32_t pair;
       memcpy(&pair, x + 2 * k, sizeof pair);
       acc = _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)_mm512_set1_epi32(pair));
@@ -2035,8 +2049,13 @@ static void head_greedy(const act_t *xn, int64_t as, int B, int K, const bf16 *h
   j.rowf = rowf;
   j.lo = (float *)malloc(sizeof(float) * (size_t)units * B);
   j.cc = (int32_t *)malloc(sizeof(int32_t) * (size_t)units * B);
-  j.cn = (int32_t *)malloc(sizeof(int32_t) * (size_t)units * B * SCR_CAP);
-  j.cu = (float *)malloc(sizeof(float) * (size_t)units * B * SCR_CAP);
+  /* the candidate lists (2 MB at 32 rows): kept between calls, a fresh mapping's page faults
+   * each call cost more than the lists' use */
+  static __thread int32_t *cn_keep;
+  static __thread float *cu_keep;
+  static __thread size_t cn_n, cu_n;
+  j.cn = cn_keep = (int32_t *)grow(cn_keep, &cn_n, (size_t)units * B * SCR_CAP, sizeof(int32_t));
+  j.cu = cu_keep = (float *)grow(cu_keep, &cu_n, (size_t)units * B * SCR_CAP, sizeof(float));
   j.top = (_Atomic uint32_t *)malloc(sizeof(_Atomic uint32_t) * (size_t)B);
   for (int m = 0; m < B; m++) {
     float ninf = -INFINITY;
@@ -2064,8 +2083,6 @@ static void head_greedy(const act_t *xn, int64_t as, int B, int K, const bf16 *h
   free(j.wrow);
   free(j.lo);
   free(j.cc);
-  free(j.cn);
-  free(j.cu);
   free((void *)j.top);
   free(exact);
   free(pm);
