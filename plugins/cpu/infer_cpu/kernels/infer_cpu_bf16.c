@@ -60,10 +60,12 @@ typedef float act_t; /* bf16-rounded values held as float32 */
 #endif
 
 #define CB 16 /* columns per packed block */
+#ifndef TM
 #ifdef BF16_AVX2
 #define TM 6 /* activation rows per register tile */
 #else
 #define TM 4
+#endif
 #endif
 #define TB 4  /* column blocks per register tile (AVX-512); the AVX2 tile is one block */
 
@@ -161,12 +163,22 @@ static inline void round_row(const float *x, int n, act_t *o) {
 #endif
 }
 
-/* Store 16 float32 outputs v (+ bias) at y[0 .. cols) as float32 or bf16, cols <= 16. */
+/* A GEMM's output mode (its y_bf16 argument): float32, bf16 (nearest even), or float32 added
+ * to what y holds (y += x W^T: a residual stream updated in place, the same sum as a float32
+ * output added afterwards). */
+#define Y_F32 0
+#define Y_BF16 1
+#define Y_ADD 2
+#define Y_SIZE(mode) ((mode) == Y_BF16 ? 2 : 4)
+
+/* Store 16 float32 outputs v (+ bias) at y[0 .. cols) in mode y_bf16, cols <= 16. */
 static inline void store16(float *v, const float *bias, int cols, void *y, int y_bf16) {
   for (int c = 0; c < cols; c++) {
     float s = v[c] + (bias ? bias[c] : 0.f);
-    if (y_bf16)
+    if (y_bf16 == Y_BF16)
       ((bf16 *)y)[c] = f32_to_bf16(s);
+    else if (y_bf16 == Y_ADD)
+      ((float *)y)[c] += s;
     else
       ((float *)y)[c] = s;
   }
@@ -401,7 +413,7 @@ static void gemm_blocks_ps(const act_t *act, int64_t xs, int M, int K2, const bf
       for (int i = mb; i < me; i++)
         for (int bb = 0; bb < tb; bb++) {
           int n = (b + bb) * CB, cols = N - n < CB ? N - n : CB;
-          char *dst = (char *)y + (i * ys + n) * (y_bf16 ? 2 : 4);
+          char *dst = (char *)y + (i * ys + n) * Y_SIZE(y_bf16);
           store16(acc[i][bb], bias ? bias + n : NULL, cols, dst, y_bf16);
         }
     }
@@ -454,8 +466,10 @@ static inline void amx_store16(const float *v, const float *bias, int cols, void
   }
   __m512 s = _mm512_load_ps(v);
   if (bias) s = _mm512_add_ps(s, _mm512_loadu_ps(bias));
-  if (y_bf16)
+  if (y_bf16 == Y_BF16)
     _mm256_storeu_si256((__m256i *)y, bf16x16_pack(s));
+  else if (y_bf16 == Y_ADD)
+    _mm512_storeu_ps((float *)y, _mm512_add_ps(_mm512_loadu_ps((const float *)y), s));
   else
     _mm512_storeu_ps((float *)y, s);
 }
@@ -515,7 +529,7 @@ static void amx_group(const bf16 *act, int64_t xs, int m0, int lo, int hi, int K
       int r = i < lo ? i : 16 + i - lo;
       for (int bb = 0; bb <= two; bb++) {
         int n = (b + bb) * CB, cols = N - n < CB ? N - n : CB;
-        char *dst = (char *)y + ((m0 + i) * ys + n) * (y_bf16 ? 2 : 4);
+        char *dst = (char *)y + ((m0 + i) * ys + n) * Y_SIZE(y_bf16);
         amx_store16(&c[r][bb * 16], bias ? bias + n : NULL, cols, dst, y_bf16);
       }
     }
@@ -1431,7 +1445,7 @@ typedef struct {
   const infer_bf16_layer *L;
   act_t *xn;   /* [B, as]: normed rows (the qkv / gate-up input), then the o projection's input */
   act_t *down; /* [B, as]: silu(g) * u, the down projection's input */
-  float *qkv;  /* [B, max(qkv_w, hidden)]: q, k, v, then the o / down outputs */
+  float *qkv;  /* [B, qkv_w]: q, k, v */
   float *gu;   /* [B, 2 inter] */
   bf16 *att;   /* [B, H D]: attention outputs */
   bf16 *qb;    /* [B, H D]: bf16 queries (forward over extend rows only) */
@@ -1542,9 +1556,9 @@ static void dec_residual_unit(const dec_job *j, int u, const act_t *in, int64_t 
   const bf16_step *st = j->st;
   int hid = st->hidden, c0, c1;
   unit_cols(u, j->per_h, hid, &c0, &c1);
-  gemm_cols(in, in_s, st->B, K, W, NULL, hid, c0, c1, j->qkv);
-  for (int m = 0; m < st->B; m++)
-    for (int c = c0; c < c1; c++) st->h[(int64_t)m * hid + c] += j->qkv[(int64_t)m * hid + c];
+  if (c0 < c1) /* added to the residual stream as the GEMM stores them */
+    gemm_proj(in, in_s, st->B, (K + 1) / 2, W, NULL, hid, c0 / CB, (c1 + CB - 1) / CB, st->h, hid,
+              Y_ADD);
 }
 
 static void dec_o_unit(void *p, int u, int worker) {
@@ -2165,7 +2179,6 @@ static void run_stack(const infer_bf16_layer *layers, int n_layers, float *h, in
   int nt = threads > 0 ? threads : g_threads;
   nt = nt < POOL_MAX ? nt : POOL_MAX;
   int64_t as = 2 * ((kmax + 1) / 2);
-  int wide = qkv_w > hidden ? qkv_w : hidden; /* qkv also holds the o / down outputs */
   dec_scratch *w = (dec_scratch *)calloc((size_t)nt, sizeof(dec_scratch));
   for (int i = 0; i < nt; i++) {
     w[i].tmp = (float *)malloc(sizeof(float) * (size_t)kmax);
@@ -2177,7 +2190,7 @@ static void run_stack(const infer_bf16_layer *layers, int n_layers, float *h, in
   j.st = &st;
   j.xn = (act_t *)malloc(sizeof(act_t) * (size_t)B * as);
   j.down = (act_t *)malloc(sizeof(act_t) * (size_t)B * as);
-  j.qkv = (float *)malloc(sizeof(float) * (size_t)B * wide);
+  j.qkv = (float *)malloc(sizeof(float) * (size_t)B * qkv_w);
   j.gu = (float *)malloc(sizeof(float) * (size_t)B * 2 * inter);
   j.att = (bf16 *)malloc(sizeof(bf16) * (size_t)B * H * D);
   j.as = as;
