@@ -109,6 +109,14 @@ class Platform:
         blocks until the copy landed, or is None when the copy is already done."""
         return t.cpu(), None
 
+    def cache_zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """A zeroed tensor on this platform's device for a large buffer that lives as long as the
+        engine (each layer's keys or values). Platforms may place it where their kernels read it
+        best (the CPU plugin: on transparent huge pages); it holds zeros either way."""
+        import torch
+
+        return torch.zeros(shape, dtype=dtype, device=self.torch_device)
+
     def greedy_ids(self, logits: Any) -> Any:
         """Greedy sampling's ids: ``logits [B, V] -> [B]`` int64, exactly ``logits.argmax(dim=-1)``
         (the first maximum; a NaN counts as the maximum). Platforms with a faster kernel for it

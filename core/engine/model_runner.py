@@ -128,8 +128,9 @@ class ModelRunner:
         owned = kv_layers(loaded)  # every layer, or this pipeline stage's (others get no cache)
 
         def cache(i: int) -> torch.Tensor:
-            return torch.zeros(shape if i in owned else (0,), dtype=self.arch.kv_dtype,
-                               device=self.device)
+            if i not in owned:
+                return torch.zeros((0,), dtype=self.arch.kv_dtype, device=self.device)
+            return platform.cache_zeros(shape, self.arch.kv_dtype)
 
         self.kv_cache = KVCache(k=[cache(i) for i in range(self.arch.num_layers)],
                                 v=[cache(i) for i in range(self.arch.num_layers)])

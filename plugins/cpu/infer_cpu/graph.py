@@ -50,7 +50,7 @@ from typing import Any
 import torch
 from infer.core.ops.graph import GraphRunner
 
-from infer_cpu import kernels
+from infer_cpu import hugepages, kernels
 from infer_cpu.graph_bf16 import BF16DecodeStack, Unsupported, embed_input
 from infer_cpu.ops.attention import query_rows
 
@@ -141,6 +141,9 @@ class NativeDecodeGraph(GraphRunner):
                                          or not qkv_bias.is_contiguous()):
                 raise _Unsupported("qkv bias not float32")
             k_cache, v_cache = mr.kv_cache.k[i], mr.kv_cache.v[i]
+            if hugepages.enabled():  # the blocks that 1- and 2-row steps stream (the tiles are
+                for m in mods:       # allocated there already)
+                    m.qweight.blocks = hugepages.rehome(m.qweight.blocks)
             table[i] = kernels.Layer(
                 norms[0].weight.data_ptr(), norms[1].weight.data_ptr(),
                 *(m.qweight.blocks.data_ptr() for m in mods),
@@ -148,6 +151,9 @@ class NativeDecodeGraph(GraphRunner):
                 *(m.qweight.kind for m in mods), k_cache.data_ptr(), v_cache.data_ptr(),
                 *(_ptr(m.qweight.tiles) for m in mods))
             self._keep += [norms, mods, k_cache, v_cache]
+        head = getattr(model.lm_head, "qweight", None)
+        if head is not None and hugepages.enabled():  # the LM head, run after the call
+            head.blocks = hugepages.rehome(head.blocks)
         a0 = layers[0].self_attn
         self.heads, self.kv_heads, self.head_dim = a0.num_heads, a0.num_kv_heads, a0.head_dim
         self.hidden = layers[0].mlp.down_proj.out_features

@@ -103,6 +103,7 @@ class BF16DecodeStack:
                                 bqkv.data_ptr() if bqkv is not None else None,
                                 cache.k[i].data_ptr(), cache.v[i].data_ptr())
             self._keep += [w32, packed, bqkv, cache.k[i], cache.v[i]]
+        self._rehome_weights(table, layers, model)
         a0 = layers[0].self_attn
         self.heads, self.kv_heads, self.head_dim = a0.num_heads, a0.num_kv_heads, a0.head_dim
         if self.heads % self.kv_heads:
@@ -133,6 +134,28 @@ class BF16DecodeStack:
         self.extend_threads = kb.ThreadChoice(
             torch.get_num_threads(), int(os.environ.get("INFER_CPU_BF16_DECODE_THREADS", "0")),
             max_first=True)
+
+    @staticmethod
+    def _rehome_weights(table: Any, layers: list[Any], model: Any) -> None:
+        """Every layer's packed projections and the packed LM head copied onto transparent
+        huge pages (``infer_cpu.hugepages``); the modules and the table point at the copies.
+        Nothing happens where huge pages are off."""
+        from infer_cpu import hugepages
+
+        if not hugepages.enabled():
+            return
+        names = ("wqkv", "wo", "wgu", "wdown")
+        packs = []
+        for layer in layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            packs += [m.bf16_packed for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
+                                                mlp.down_proj)]
+        packs.append(model.lm_head.bf16_packed)
+        for p in packs:
+            p.data = hugepages.rehome(p.data)
+        for i in range(len(layers)):
+            for j, name in enumerate(names):
+                setattr(table[i], name, packs[4 * i + j].data.data_ptr())
 
     def run(self, batch: Any) -> torch.Tensor:
         """Decode step: embedding (torch) -> all layers, final norm and LM head (one native

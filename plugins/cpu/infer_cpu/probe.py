@@ -8,7 +8,7 @@ from typing import Any
 
 from infer.core.platform import DeviceInfo, Platform, ProbeResult, SettingAdjustment
 
-from infer_cpu import native_build
+from infer_cpu import hugepages, native_build
 
 
 def _cpu_flags() -> set[str]:
@@ -72,7 +72,8 @@ def probe() -> ProbeResult:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     info = DeviceInfo(kind="cpu", generation=gen, name=_cpu_name(), memory_bytes=_memory_bytes(),
                       count=1, details={"cores": cores or 1,
-                                        "native_kernels": native_build.describe()})
+                                        "native_kernels": native_build.describe(),
+                                        "huge_pages": hugepages.describe()})
     return ProbeResult(platform="cpu", found=True, device=info, is_accelerator=False)
 
 
@@ -106,6 +107,14 @@ class CpuPlatform(Platform):
 
         self._share = local_world_size
         torch.set_num_threads(max(1, _usable_cores() // local_world_size))
+
+    def cache_zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """The KV cache on transparent huge pages (``infer_cpu.hugepages``): a decode step's
+        attention reads each sequence's keys and values scattered over the cache, and on 4 KB
+        pages nearly every row it reads walks the page tables."""
+        from infer_cpu import hugepages
+
+        return hugepages.zeros(shape, dtype)
 
     def greedy_ids(self, logits: Any) -> Any:
         """The native argmax (``infer_cpu.kernels.argmax_rows``) where it takes the logits: 32

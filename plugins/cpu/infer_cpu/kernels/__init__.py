@@ -235,7 +235,9 @@ def with_tiles(w: QWeight) -> QWeight:
                 budget["warned"] = True
             return w
         budget["left"] -= n  # type: ignore[operator]
-    tiles = torch.empty(n, dtype=torch.uint8)
+    from infer_cpu import hugepages
+
+    tiles = hugepages.alloc(n)  # read by every step of 3 rows or more
     weakref.finalize(tiles, _release_tiles, budget, n)
     lib.infer_pack_tiles(w.kind, w.blocks.data_ptr(), w.out_features, w.in_features,
                          tiles.data_ptr())

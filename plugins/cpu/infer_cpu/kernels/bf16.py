@@ -274,7 +274,10 @@ class ScreenData:
         q = torch.where(s64[:, None] > 0, torch.round(wd / s64.clamp_min(1e-300)[:, None]),
                         torch.zeros_like(wd)).clamp(-127, 127)
         up = 1 + 2.0 ** -20  # float64 norms rounded to float32: a relative nudge upward
-        self.codes = q.to(torch.int8).reshape(nb, BLOCK, k // 4, 4).permute(0, 2, 1, 3).contiguous()
+        codes = q.to(torch.int8).reshape(nb, BLOCK, k // 4, 4).permute(0, 2, 1, 3).contiguous()
+        from infer_cpu import hugepages
+
+        self.codes = hugepages.rehome(codes)  # streamed every greedy step: on huge pages
         self.scale = scale.contiguous()
         self.qsum = (128 * q.sum(dim=1)).to(torch.int32).contiguous()
         self.err = ((wd - s64[:, None] * q).norm(dim=1) * up).float().contiguous()

@@ -1,0 +1,95 @@
+"""``infer_cpu.hugepages``: the KV cache and the native stacks' weights are advised onto
+transparent huge pages (``MADV_HUGEPAGE``: the ``hg`` flag of their mapping in
+/proc/self/smaps), their values unchanged; ``INFER_CPU_HUGE_PAGES=0`` leaves them as torch
+allocates them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from infer_cpu import hugepages
+
+TESTS = Path(__file__).parents[3] / "tests"
+needs_thp = pytest.mark.skipif(hugepages.mode() not in ("madvise", "always"),
+                               reason=f"transparent huge pages: {hugepages.mode()}")
+
+
+def _advised(t: torch.Tensor) -> bool:
+    """Whether the mapping that holds t's first byte carries MADV_HUGEPAGE (VmFlags ``hg``)."""
+    addr, inside = t.data_ptr(), False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0] if line else ""
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= addr < hi
+        elif inside and line.startswith("VmFlags:"):
+            return "hg" in line.split()[1:]
+    return False
+
+
+@needs_thp
+def test_zeros_are_advised_zeros():
+    t = hugepages.zeros((3000, 4, 3, 64), torch.bfloat16)
+    assert t.shape == (3000, 4, 3, 64) and t.dtype == torch.bfloat16 and t.is_contiguous()
+    assert not t.any()
+    assert t.data_ptr() % hugepages.HUGE == 0 and _advised(t)
+
+
+@needs_thp
+def test_alloc_cuts_small_buffers_from_advised_slabs_and_rehome_copies():
+    a, b = hugepages.alloc(1000), hugepages.alloc(300_000)
+    assert a.data_ptr() % 64 == 0 and b.data_ptr() % 64 == 0
+    assert b.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()  # one slab
+    assert _advised(a) and _advised(b)
+    big = hugepages.alloc(hugepages.SLAB)  # its own buffer
+    assert big.numel() == hugepages.SLAB and _advised(big)
+    w = torch.randn(700, 96).bfloat16()
+    moved = hugepages.rehome(w)
+    assert torch.equal(moved, w) and moved.data_ptr() != w.data_ptr() and _advised(moved)
+
+
+def test_off_means_torch_allocations(monkeypatch):
+    monkeypatch.setenv("INFER_CPU_HUGE_PAGES", "0")
+    assert not hugepages.enabled()
+    t = hugepages.zeros((5_000_000,), torch.float32)
+    assert not t.any() and not _advised(t)
+    assert hugepages.alloc(100).numel() == 100
+    if hugepages.mode() in ("madvise", "always"):
+        assert "INFER_CPU_HUGE_PAGES=0" in hugepages.describe()
+
+
+@needs_thp
+def test_engine_caches_and_bf16_weights_are_advised(tmp_path, greedy):
+    """A tiny bf16 model: every layer's cache and the packed weights the native stack reads are
+    advised, and the greedy tokens are those of the same engine with huge pages off."""
+    sys.path[:0] = [str(TESTS / "model"), str(TESTS / "server")]
+    from hf_tiny import save_tiny
+    from infer.core.config import ServerArgs
+    from infer.core.engine.engine_core import EngineCore
+    from infer_cpu.kernels import bf16 as kb
+    from tiny_model import make_tokenizer
+
+    if kb.load() is None:
+        pytest.skip(f"bf16 kernels unavailable: {kb.detail()}")
+    tok = make_tokenizer(tmp_path)
+    save_tiny("llama", tmp_path, dtype=torch.bfloat16, vocab_size=len(tok) + 8,
+              intermediate_size=160).save_pretrained(tmp_path)
+    prompts = [list(range(5, 12)), list(range(40, 61))]
+    outs = []
+    for on in ("1", "0"):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("INFER_CPU_HUGE_PAGES", on)
+            # 131,072 tokens: each layer's keys 8 MB, past the size worth advising
+            core = EngineCore(ServerArgs(model_path=str(tmp_path), dtype="bfloat16", page_size=4,
+                                         max_total_tokens=131072))
+            runner = core.runner
+            assert runner.graph_runner.ok, runner.graph_runner.reason
+            layer = runner.model.model.layers[0]
+            held = [runner.kv_cache.k[0], runner.kv_cache.v[-1],
+                    layer.mlp.gate_up_proj.bf16_packed.data, runner.model.lm_head.bf16_packed.data]
+            assert all(_advised(t) for t in held) == (on == "1")
+            outs.append(greedy(core, prompts, 12))
+    assert outs[0] == outs[1]
