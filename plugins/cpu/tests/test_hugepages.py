@@ -17,25 +17,44 @@ needs_thp = pytest.mark.skipif(hugepages.mode() not in ("madvise", "always"),
                                reason=f"transparent huge pages: {hugepages.mode()}")
 
 
-def _advised(t: torch.Tensor) -> bool:
-    """Whether the mapping that holds t's first byte carries MADV_HUGEPAGE (VmFlags ``hg``)."""
-    addr, inside = t.data_ptr(), False
+def _mapping(t: torch.Tensor) -> dict[str, str]:
+    """The /proc/self/smaps fields of the mapping that holds t's first byte."""
+    addr, fields, inside = t.data_ptr(), {}, False
     for line in Path("/proc/self/smaps").read_text().splitlines():
         head = line.split()[0] if line else ""
         if "-" in head and ":" not in head:
+            if inside:
+                break
             lo, hi = (int(x, 16) for x in head.split("-"))
             inside = lo <= addr < hi
-        elif inside and line.startswith("VmFlags:"):
-            return "hg" in line.split()[1:]
-    return False
+        elif inside:
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+    return fields
+
+
+def _advised(t: torch.Tensor) -> bool:
+    """Whether t's mapping carries MADV_HUGEPAGE (VmFlags ``hg``)."""
+    return "hg" in _mapping(t).get("VmFlags", "").split()
+
+
+def _fallbacks() -> int:
+    """Huge-page faults the kernel served with small pages (no 2 MB page free), so far."""
+    for line in Path("/proc/vmstat").read_text().splitlines():
+        if line.startswith("thp_fault_fallback "):
+            return int(line.split()[1])
+    return 0
 
 
 @needs_thp
 def test_zeros_are_advised_zeros():
-    t = hugepages.zeros((3000, 4, 3, 64), torch.bfloat16)
-    assert t.shape == (3000, 4, 3, 64) and t.dtype == torch.bfloat16 and t.is_contiguous()
+    before = _fallbacks()
+    t = hugepages.zeros((6000, 4, 3, 64), torch.bfloat16)  # 9 MB
+    assert t.shape == (6000, 4, 3, 64) and t.dtype == torch.bfloat16 and t.is_contiguous()
     assert not t.any()
     assert t.data_ptr() % hugepages.HUGE == 0 and _advised(t)
+    if _fallbacks() == before:  # the kernel had 2 MB pages to give: the cache is on them
+        assert int(_mapping(t)["AnonHugePages"].split()[0]) >= 4 * 2048
 
 
 @needs_thp
