@@ -1634,10 +1634,10 @@ static void norm_rows(dec_job *j, const float *w, int nt) {
  * activations (vpdpbusd: 64 products an instruction, twice vdpbf16ps's rate on Zen 5), plus a
  * rigorous bound B_n of the approximation's distance from the exact GEMM's logit; only the
  * columns whose upper bound approx_n + B_n reaches T = max_n (approx_n - B_n) can hold the
- * maximum, and those are computed exactly by the head's own bf16 GEMM (same tile code, same
- * bits as the full head). Any other column's exact logit is below approx + B < T <= the exact
- * logit of the column that sets T, so it is neither the maximum nor tied with it, and the first
- * maximum among the candidates (ascending columns) is the first maximum of the row: the ids are
+ * maximum, and those are computed exactly, with the head GEMM's own instruction sequence (the
+ * same bits as the full head). Any other column's exact logit is below approx + B < T <= the
+ * exact logit of the column that sets T, so it is neither the maximum nor tied with it, and the
+ * largest candidate (the lowest column on a tie) is the first maximum of the row: the ids are
  * argmax's, exactly.
  *
  * The bound, for activations x (the bf16 rows the GEMM reads) and weights W_n:
@@ -1652,9 +1652,10 @@ static void norm_rows(dec_job *j, const float *w, int nt) {
  *   add at most 3u of its magnitude. The norms come from the packer (float64, rounded up) and
  *   from the row (double); B adds 2^-10 of itself and 2^-20 of the magnitudes for the float
  *   rounding of its own evaluation.
- * A row with a non-finite activation, or with more than SCR_CAP candidates in a unit (all
- * logits close: a zero row), gets every logit exactly and torch's argmax rule (first maximum,
- * NaN as the maximum). */
+ * A unit that finds more than SCR_CAP candidates for a row (before a high lower bound is known,
+ * or all logits close: a zero row) has all its columns of that row computed exactly; a row with
+ * a non-finite activation or logit gets every logit and torch's argmax rule (first maximum, NaN
+ * as the maximum). */
 typedef struct {
   const int8_t *q;      /* [NB][K / 4][16][4]: column n's codes, 4 k at a time */
   const float *scale;   /* [NB * 16] s_n (0 on the padding columns) */
