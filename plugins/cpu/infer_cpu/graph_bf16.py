@@ -14,8 +14,9 @@ both are tested against transformers. The final norm and the LM head run in the 
 (float32 logits, as ``compute_logits`` gives). A step whose rows are all plain greedy samples
 (``ForwardBatch.greedy_ids``) gets their argmax ids from the call instead: the head is screened
 with an int8 copy and a rigorous error bound, and only the columns that can hold the maximum are
-computed exactly (the C file's "greedy LM head"; the same ids as argmax of the logits, about
-half the head's time). ``INFER_CPU_GREEDY_SCREEN=0`` turns it off.
+computed exactly (the C file's "greedy LM head"; the same ids as argmax of the logits; the
+bf16 engine's output rate 1.04x at 32 running requests). ``INFER_CPU_GREEDY_SCREEN=0`` turns
+it off.
 
 Threads: the call runs each layer as four jobs of the kernels' work pool (attention by KV group
 and rows; o projection, gate/up with SiLU, down projection by columns), whose caller waits only
