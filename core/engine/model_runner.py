@@ -295,8 +295,9 @@ class ModelRunner:
             k = s.num_sample
             sample_rows.extend(range(first + n - k, first + n))
             step.reqs.extend([req] * k)
+        every_row = sample_rows == list(range(len(inputs.logit_rows)))  # one logit row a sample
         # every logit row sampled, every sample plain greedy: argmax is all the step needs
-        inputs.greedy = (bool(step.reqs) and sample_rows == list(range(len(inputs.logit_rows)))
+        inputs.greedy = (bool(step.reqs) and every_row
                          and all(self._plain_greedy(r) for r in step.reqs))
         if publish is not None:
             publish(inputs)
@@ -308,7 +309,7 @@ class ModelRunner:
             step.host, step.wait = self.platform.to_host_async(ids)
             return step
         if step.reqs:
-            if sample_rows != list(range(logits.shape[0])):  # else: already one row per sample
+            if not every_row:  # else: the logits are already one row per sample
                 logits_s = logits.index_select(
                     0, self.to_device(torch.tensor(sample_rows, dtype=torch.int64)))
             else:

@@ -79,12 +79,10 @@ def empty(nbytes: int) -> tuple[torch.Tensor, int]:
 def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """``torch.zeros(shape, dtype)`` on huge pages, every page faulted in now, as torch.zeros
     does (not inside the first decode steps that write a token there)."""
-    import torch
-
     n = 1
     for d in shape:
         n *= d
-    nbytes = n * torch.empty(0, dtype=dtype).element_size()
+    nbytes = n * dtype.itemsize
     raw, start = empty(nbytes)
     return raw[start:start + nbytes].view(dtype).view(shape).zero_()
 

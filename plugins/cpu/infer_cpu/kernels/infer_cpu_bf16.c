@@ -1667,16 +1667,8 @@ typedef struct {
   int K;                /* hidden: a multiple of 4 */
 } infer_bf16_screen;
 
-/* The exact logits of column block b of the activation row x (the head's own GEMM: the full
- * head's bits) into row[b * CB ...]. */
-static void head_block(const act_t *x, int64_t as, int K, const bf16 *head, int V, int b, float *row) {
-  gemm_blocks_ps(x, as, 1, (K + 1) / 2, head, (int64_t)((K + 1) / 2) * 32, NULL, V, b, b + 1, row, V, 0);
-}
-
-/* argmax of every exact logit of the activation row x, by torch's rule (the first maximum, the
- * first NaN if any); row: scratch of ceil(V / CB) * CB floats. */
-static int64_t head_argmax_full(const act_t *x, int64_t as, int K, const bf16 *head, int V, float *row) {
-  for (int b = 0; b < ceil_div(V, CB); b++) head_block(x, as, K, head, V, b, row);
+/* argmax of row [V] by torch's rule: the first maximum, or the first NaN if any. */
+static int64_t argmax_rule(const float *row, int V) {
   int64_t best = 0;
   for (int n = 0; n < V; n++) {
     if (isnan(row[best])) break;
@@ -1693,6 +1685,19 @@ static int64_t head_argmax_full(const act_t *x, int64_t as, int K, const bf16 *h
 #ifndef SCR_PF
 #define SCR_PF 1 /* the next column group's codes and pair lines prefetched (into L2) */
 #endif
+
+/* The exact logits of column block b of the activation row x (the head's own GEMM: the full
+ * head's bits) into row[b * CB ...]. */
+static void head_block(const act_t *x, int64_t as, int K, const bf16 *head, int V, int b, float *row) {
+  gemm_blocks_ps(x, as, 1, (K + 1) / 2, head, (int64_t)((K + 1) / 2) * 32, NULL, V, b, b + 1, row, V, 0);
+}
+
+/* argmax (argmax_rule) of every exact logit of the activation row x; row: scratch of
+ * ceil(V / CB) * CB floats. */
+static int64_t head_argmax_full(const act_t *x, int64_t as, int K, const bf16 *head, int V, float *row) {
+  for (int b = 0; b < ceil_div(V, CB); b++) head_block(x, as, K, head, V, b, row);
+  return argmax_rule(row, V);
+}
 
 /* Counts since the last call (rows screened, candidates computed exactly, rows that fell back
  * to every logit, units whose columns a row computed exactly), for tests and benchmarks; reset
@@ -1871,8 +1876,10 @@ static void scr_unit(void *p, int u, int worker) {
         __m512 sx = _mm512_set1_ps(rf[0]), ra = _mm512_set1_ps(rf[1]), rr = _mm512_set1_ps(rf[2]),
                rg = _mm512_set1_ps(rf[3]);
         __m512 ap[TB], bd[TB], lmax = _mm512_set1_ps(-INFINITY);
+        __mmask16 real[TB]; /* the block's columns below V */
         for (int bb = 0; bb < tb; bb++) {
           int n0 = (b + bb) * CB;
+          real[bb] = n0 + CB <= j->V ? 0xFFFF : (__mmask16)((1u << (j->V - n0)) - 1);
           __m512 ip = _mm512_mul_ps(
               _mm512_mul_ps(sx, _mm512_loadu_ps(sc->scale + n0)),
               _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(iacc[m][bb]),
@@ -1885,8 +1892,7 @@ static void scr_unit(void *p, int u, int worker) {
           __m512 mag = _mm512_add_ps(_mm512_abs_ps(ip), _mm512_abs_ps(e));
           bd[bb] = _mm512_fmadd_ps(d, _mm512_set1_ps(1.f + 0x1p-10f),
                                    _mm512_fmadd_ps(mag, _mm512_set1_ps(0x1p-20f), _mm512_set1_ps(1e-30f)));
-          __mmask16 real = n0 + CB <= j->V ? 0xFFFF : (__mmask16)((1u << (j->V - n0)) - 1);
-          lmax = _mm512_mask_max_ps(lmax, real, lmax, _mm512_sub_ps(ap[bb], bd[bb]));
+          lmax = _mm512_mask_max_ps(lmax, real[bb], lmax, _mm512_sub_ps(ap[bb], bd[bb]));
         }
         /* prune by the best lower bound any unit has found: the candidates that can still
          * hold the row's maximum, whichever unit holds it */
@@ -1900,9 +1906,8 @@ static void scr_unit(void *p, int u, int worker) {
         float *cu = j->cu + ((int64_t)u * j->B + m0 + m) * SCR_CAP;
         for (int bb = 0; bb < tb; bb++) {
           int n0 = (b + bb) * CB;
-          __mmask16 real = n0 + CB <= j->V ? 0xFFFF : (__mmask16)((1u << (j->V - n0)) - 1);
           __m512 up = _mm512_add_ps(ap[bb], bd[bb]);
-          __mmask16 keep = _mm512_mask_cmp_ps_mask(real, up, _mm512_set1_ps(t), _CMP_GE_OQ);
+          __mmask16 keep = _mm512_mask_cmp_ps_mask(real[bb], up, _mm512_set1_ps(t), _CMP_GE_OQ);
           if (keep) {
             float upv[CB];
             _mm512_storeu_ps(upv, up);
@@ -2273,11 +2278,11 @@ static void run_stack(const infer_bf16_layer *layers, int n_layers, float *h, in
           head_greedy(j.xn, j.as, st2.B, hidden, lm_head, vocab, screen, j.per_v, nt, ids);
         } else
 #endif
-        {
-          float *row = (float *)malloc(sizeof(float) * (size_t)ceil_div(vocab, CB) * CB);
-          for (int m = 0; m < st2.B; m++)
-            ids[m] = head_argmax_full(j.xn + (int64_t)m * j.as, j.as, hidden, lm_head, vocab, row);
-          free(row);
+        { /* every logit, on the pool as for a logits step, then each row's argmax */
+          j.logits = (float *)malloc(sizeof(float) * (size_t)st2.B * vocab);
+          pool_run(dec_head_unit, &j, ceil_div(ceil_div(vocab, CB), j.per_v), nt);
+          for (int m = 0; m < st2.B; m++) ids[m] = argmax_rule(j.logits + (int64_t)m * vocab, vocab);
+          free(j.logits);
         }
       } else
         pool_run(dec_head_unit, &j, ceil_div(ceil_div(vocab, CB), j.per_v), nt);
