@@ -52,3 +52,23 @@ def _with_threads(n: int, fn):
 @pytest.fixture
 def with_threads():
     return _with_threads
+
+
+@pytest.fixture
+def tiny_bf16(tmp_path):
+    """A tiny random llama checkpoint in bf16 with a real tokenizer, saved at tmp_path (which
+    is returned)."""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    tests = Path(__file__).parents[3] / "tests"
+    sys.path[:0] = [str(tests / "model"), str(tests / "server")]
+    from hf_tiny import save_tiny
+    from tiny_model import make_tokenizer
+
+    tok = make_tokenizer(tmp_path)
+    save_tiny("llama", tmp_path, dtype=torch.bfloat16, vocab_size=len(tok) + 8,
+              intermediate_size=160).save_pretrained(tmp_path)
+    return tmp_path

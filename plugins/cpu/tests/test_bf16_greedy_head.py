@@ -8,7 +8,6 @@ on against screen off, and a batch whose rows need logits."""
 from __future__ import annotations
 
 import ctypes
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,13 +17,13 @@ from infer_cpu.kernels import bf16 as kb
 pytestmark = pytest.mark.skipif(kb.load() is None or not kb.load().infer_bf16_screen_ok(),
                                 reason="no int8 screen in this build (AVX-512 VNNI without AMX)")
 
-TESTS = Path(__file__).parents[3] / "tests"
 
 
-def _head(h: torch.Tensor, w: kb.PackedBF16, screen: kb.ScreenData | None, threads: int = 2
-          ) -> torch.Tensor:
-    """Logits [B, V] (screen None) or greedy ids [B] of rows h [B, K] through the final norm
-    (weight 1) and the head."""
+def _head(h: torch.Tensor, w: kb.PackedBF16, screen: kb.ScreenData | None, threads: int = 2,
+          ids: bool | None = None) -> torch.Tensor:
+    """Logits [B, V] or greedy ids [B] (``ids``; by default, where a screen is given) of rows h
+    [B, K] through the final norm (weight 1) and the head."""
+    ids = screen is not None if ids is None else ids
     lib = kb.load()
     b, k = h.shape
     v = w.out_features
@@ -32,15 +31,15 @@ def _head(h: torch.Tensor, w: kb.PackedBF16, screen: kb.ScreenData | None, threa
     seq_lens = torch.ones(b, dtype=torch.int32)
     tables = torch.zeros(b, 1, dtype=torch.int32)
     norm = torch.ones(k)
-    out = torch.empty(b, dtype=torch.int64) if screen is not None else torch.empty(b, v)
+    out = torch.empty(b, dtype=torch.int64) if ids else torch.empty(b, v)
     hh = h.clone()
     lib.infer_bf16_decode_layers(
         None, 0, hh.data_ptr(), b, k, 1, 1, k, 4 * k, 1e-6, pos.data_ptr(), None, 2,
         pos.data_ptr(), tables.data_ptr(), 1, seq_lens.data_ptr(), 1, 1.0, threads,
         norm.data_ptr(), 1e-6, w.data.data_ptr(), v,
-        None if screen is not None else out.data_ptr(),
+        None if ids else out.data_ptr(),
         ctypes.byref(screen.struct) if screen is not None else None,
-        out.data_ptr() if screen is not None else None)
+        out.data_ptr() if ids else None)
     return out
 
 
@@ -74,6 +73,18 @@ def test_screened_ids_are_argmax_of_the_logits(v, k, threads):
     rows, cands, full, _ = _stats()
     assert rows == 81 and full == 0
     assert cands > rows  # flat random logits: rows had several candidates, computed exactly
+
+
+def test_ids_without_a_screen_take_every_logit():
+    """ids asked for with no screen: every logit (the logits step's head), argmax's rule."""
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(1000, 64, generator=gen) * 0.05
+    w[7] = w[900]  # a tie: the first column
+    packed = kb.pack(w)
+    h = _rows(5, 64, gen)
+    _stats()
+    assert torch.equal(_head(h, packed, None, ids=True), _head(h, packed, None).argmax(-1))
+    assert _stats()[0] == 0  # not screened
 
 
 def test_ties_take_the_first_column():
@@ -142,33 +153,21 @@ def test_a_bound_without_its_terms_picks_wrong_columns():
     assert not torch.equal(_head(h, packed, screen), _head(h, packed, None).argmax(-1))
 
 
-def _tiny_bf16(tmp_path: Path) -> None:
-    """A tiny random llama checkpoint in bf16 with a real tokenizer at tmp_path."""
-    sys.path[:0] = [str(TESTS / "model"), str(TESTS / "server")]
-    from hf_tiny import save_tiny
-    from tiny_model import make_tokenizer
-
-    tok = make_tokenizer(tmp_path)
-    save_tiny("llama", tmp_path, dtype=torch.bfloat16, vocab_size=len(tok) + 8,
-              intermediate_size=160).save_pretrained(tmp_path)
-
-
-def _core(tmp_path: Path):
+def _core(path: Path):
     from infer.core.config import ServerArgs
     from infer.core.engine.engine_core import EngineCore
 
-    return EngineCore(ServerArgs(model_path=str(tmp_path), dtype="bfloat16", page_size=4,
+    return EngineCore(ServerArgs(model_path=str(path), dtype="bfloat16", page_size=4,
                                  max_total_tokens=1024))
 
 
-def test_engine_greedy_steps_match_with_and_without_the_screen(tmp_path, greedy):
+def test_engine_greedy_steps_match_with_and_without_the_screen(tiny_bf16, greedy):
     """A tiny bf16 model: the same greedy tokens with the screen as without it (every step's
     logits and argmax), and the screen ran on its decode and prefill rows."""
-    _tiny_bf16(tmp_path)
     prompts = [list(range(5, 12)), list(range(40, 61)), list(range(100, 103))]
     outs = []
     for on in (True, False):
-        core = _core(tmp_path)
+        core = _core(tiny_bf16)
         stack = core.runner.graph_runner._bf16
         assert stack.screen is not None
         if not on:
@@ -180,11 +179,10 @@ def test_engine_greedy_steps_match_with_and_without_the_screen(tmp_path, greedy)
     assert outs[0] == outs[1]
 
 
-def test_rows_that_need_logits_get_them(tmp_path, greedy):
+def test_rows_that_need_logits_get_them(tiny_bf16, greedy):
     """One request asking for logprobs in the batch: the step computes logits (no screen) and
     the greedy request's tokens are those it gets alone."""
-    _tiny_bf16(tmp_path)
-    core = _core(tmp_path)
+    core = _core(tiny_bf16)
     alone = greedy(core, [list(range(5, 12))], 12)[0]
     params = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
     core.add_request(core.make_request("a", list(range(5, 12)), params))

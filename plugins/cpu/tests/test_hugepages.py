@@ -5,14 +5,12 @@ allocates them."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from infer_cpu import hugepages
 
-TESTS = Path(__file__).parents[3] / "tests"
 needs_thp = pytest.mark.skipif(hugepages.mode() not in ("madvise", "always"),
                                reason=f"transparent huge pages: {hugepages.mode()}")
 
@@ -89,28 +87,22 @@ def test_off_means_torch_allocations(monkeypatch):
 
 
 @needs_thp
-def test_engine_caches_and_bf16_weights_are_advised(tmp_path, greedy):
+def test_engine_caches_and_bf16_weights_are_advised(tiny_bf16, greedy):
     """A tiny bf16 model: every layer's cache and the packed weights the native stack reads are
     advised, and the greedy tokens are those of the same engine with huge pages off."""
-    sys.path[:0] = [str(TESTS / "model"), str(TESTS / "server")]
-    from hf_tiny import save_tiny
     from infer.core.config import ServerArgs
     from infer.core.engine.engine_core import EngineCore
     from infer_cpu.kernels import bf16 as kb
-    from tiny_model import make_tokenizer
 
     if kb.load() is None:
         pytest.skip(f"bf16 kernels unavailable: {kb.detail()}")
-    tok = make_tokenizer(tmp_path)
-    save_tiny("llama", tmp_path, dtype=torch.bfloat16, vocab_size=len(tok) + 8,
-              intermediate_size=160).save_pretrained(tmp_path)
     prompts = [list(range(5, 12)), list(range(40, 61))]
     outs = []
     for on in ("1", "0"):
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("INFER_CPU_HUGE_PAGES", on)
             # 131,072 tokens: each layer's keys 8 MB, past the size worth advising
-            core = EngineCore(ServerArgs(model_path=str(tmp_path), dtype="bfloat16", page_size=4,
+            core = EngineCore(ServerArgs(model_path=str(tiny_bf16), dtype="bfloat16", page_size=4,
                                          max_total_tokens=131072))
             runner = core.runner
             assert runner.graph_runner.ok, runner.graph_runner.reason
