@@ -63,7 +63,7 @@ def run_engine_process(server_args: Any, in_addr: str, out_addr: str,
         ctx.term()
         raise
     loop = _EngineLoop(core, pull, push, float(getattr(server_args, "watchdog_timeout", 300) or 0),
-                       signals)
+                       signals, int(getattr(server_args, "stream_interval", 1) or 1))
     try:
         loop.run()
     except BaseException as err:  # noqa: BLE001
@@ -88,8 +88,9 @@ class _Signals:
 
 class _EngineLoop:
     def __init__(self, core: Any, pull: zmq.Socket, push: zmq.Socket, watchdog_s: float,
-                 signals: _Signals | None = None) -> None:
+                 signals: _Signals | None = None, stream_interval: int = 1) -> None:
         self.core = core
+        self.stream_interval = max(1, stream_interval)  # --stream-interval
         self.pull = pull
         self.push = push
         self.signals = signals or _Signals()
@@ -160,10 +161,13 @@ class _EngineLoop:
         from infer.core.engine.request import QueueFullError
 
         try:
+            # a streamed request's tokens every --stream-interval; the others' once at the end
+            # (and the first at once, for the time to first token)
+            every = self.stream_interval if msg.stream else 0
             req = self.core.make_request(
                 msg.rid, msg.prompt_ids, msg.params, return_logprob=msg.return_logprob,
                 top_logprobs_num=msg.top_logprobs_num, logprob_start_len=msg.logprob_start_len,
-                stream=msg.stream)
+                stream=msg.stream, report_every=every)
             self.core.add_request(req)
         except QueueFullError as err:
             self.push.send_pyobj(ipc.Rejected(msg.rid, 503, str(err)))

@@ -59,7 +59,7 @@ async def health_generate(request: Request) -> Response:
     """Healthy when the engine produces a token within 20 s."""
     s = _state(request)
     job = GenerateJob([_any_token(s)], make_params({"max_new_tokens": 1, "temperature": 0.0}, {}),
-                      rid=f"health-{uuid.uuid4().hex}", route="/health_generate")
+                      rid=f"health-{uuid.uuid4().hex}", route="/health_generate", stream=False)
     serving = Serving(s)
     serving.prepare(job)
 
@@ -222,7 +222,8 @@ async def _generate_jobs(s: ServerState, body: GenerateRequest) -> list[Generate
                               "the prompt several times", param="n")
         job = GenerateJob(ids, params, return_logprob=body.return_logprob,
                           top_logprobs_num=body.top_logprobs_num,
-                          logprob_start_len=body.logprob_start_len, route="/generate", prompt_text=text)
+                          logprob_start_len=body.logprob_start_len, route="/generate", prompt_text=text,
+                          stream=bool(body.stream))
         if rid:
             job.rid = rid
         jobs.append(job)

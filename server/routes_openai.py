@@ -167,7 +167,8 @@ async def completions(request: Request) -> Response:
     jobs = [GenerateJob(ids, dataclasses.replace(params, stop=list(params.stop)), n=body.n,
                         return_logprob=want_lp, top_logprobs_num=body.logprobs or 0,
                         logprob_start_len=0 if (want_lp and body.echo) else -1,
-                        route="/v1/completions", prompt_text=text, user=body.user)
+                        route="/v1/completions", prompt_text=text, user=body.user,
+                        stream=bool(body.stream))
             for ids, text in prompts]
     first, rest = await _start(request, s, jobs)
     if first is None:
@@ -292,7 +293,7 @@ async def chat_completions(request: Request) -> Response:
     params = make_params(fields, s.sampling_defaults)
     job = GenerateJob(ids, params, n=body.n, return_logprob=body.logprobs,
                       top_logprobs_num=body.top_logprobs or 0, route="/v1/chat/completions",
-                      prompt_text=prompt, user=body.user)
+                      prompt_text=prompt, user=body.user, stream=bool(body.stream))
     first, rest = await _start(request, s, [job])
     if first is None:
         return Response(status_code=499)

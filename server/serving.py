@@ -79,6 +79,7 @@ class GenerateJob:
     route: str = ""
     prompt_text: str | None = None
     user: str | None = None  # the OpenAI ``user`` field: shown in request logs
+    stream: bool = True  # the response streams; False: the engine reports the first token and the end
 
 
 def make_params(fields: dict[str, Any], defaults: dict[str, Any]) -> SamplingParams:
@@ -143,7 +144,7 @@ class Serving:
             params.seed = (params.seed + i + (1 << 63)) % (1 << 64) - (1 << 63)
         rid = job.rid if job.n == 1 else f"{job.rid}-{i}"
         return ipc.AddRequest(rid, list(job.prompt_ids), params, job.return_logprob,
-                              job.top_logprobs_num, job.logprob_start_len)
+                              job.top_logprobs_num, job.logprob_start_len, stream=job.stream)
 
     def _account(self, job: GenerateJob, finals: dict[int, SeqDelta],
                  outputs: dict[int, list[str]], seconds: float) -> None:

@@ -47,7 +47,7 @@ def check_cross_flags(a: Any) -> None:
     if a.mem_fraction_static is not None and not 0 < a.mem_fraction_static <= 1:
         _fail(f"{n('mem_fraction_static')} {a.mem_fraction_static}: must be in (0, 1]")
     for dest in ("tp_size", "pp_size", "dp_size", "ep_size", "nnodes", "page_size",
-                 "tokenizer_worker_num", "max_loras_per_batch"):
+                 "tokenizer_worker_num", "max_loras_per_batch", "stream_interval"):
         value = getattr(a, dest)
         if value is not None and value < 1:
             _fail(f"{n(dest)} {value}: must be at least 1")

@@ -10,6 +10,7 @@ API (all plain Python values; Request / RequestOutput / EngineStats pickle):
     core.abort(rid) -> bool                 # queued or running; its pages are freed; reported once
                                             # by the next step() with finish_reason type "abort"
     core.step() -> list[RequestOutput]      # one scheduling step + forward; increments per request
+                                            # (each request's as its report_every says)
     core.has_work() -> bool                 # queued/running requests, a step in flight, or reports
     core.flush_cache() -> bool              # drops the prefix cache (False while requests run)
     core.stats() -> EngineStats
@@ -141,11 +142,21 @@ class EngineCore:
             req = s.req
             if req.rid not in self.table.reqs:
                 continue  # ended (and reported) before this step resolved
-            if req.finished or len(req.output_ids) - req.num_pending > req.num_sent:
+            if req.finished or self._due(req):
                 outputs.append(make_output(req))
             if req.finished:
                 self._forget(req)
         return outputs
+
+    @staticmethod
+    def _due(req: Request) -> bool:
+        """Whether a running request's new tokens are reported now: the first token at once
+        (the time to first token does not wait), later ones once ``req.report_every`` of them
+        are unreported (0: not before the end)."""
+        new = len(req.output_ids) - req.num_pending - req.num_sent
+        if new <= 0:
+            return False
+        return req.num_sent == 0 or 0 < req.report_every <= new
 
     @staticmethod
     def _drop_pending(req: Request) -> None:

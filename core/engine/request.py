@@ -48,6 +48,10 @@ class Request:
     top_logprobs_num: int = 0
     logprob_start_len: int = -1  # prompt position from which prompt logprobs are wanted; -1: none
     stream: bool = False
+    # new tokens are reported (``EngineCore.step``'s outputs) once this many are unreported; the
+    # first token and the end are reported at once. 0: only those two (a consumer that does not
+    # stream). The server sets it from --stream-interval for streamed requests.
+    report_every: int = 1
 
     # -- state (scheduler / cache) ---------------------------------------------------------
     state: RequestState = RequestState.WAITING
