@@ -89,20 +89,24 @@ def server_commands(args: argparse.Namespace, folder: Path) -> dict[str, tuple[l
     vllm_env = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
                 "LD_PRELOAD": ":".join(preload)}
 
+    # --stream-interval N: every server (vLLM's and infer's flag alike) sends a stream's tokens N
+    # at a time after the first
+    extra = ["--stream-interval", str(args.stream_interval)] if getattr(args, "stream_interval", 1) > 1 else []
+
     def vllm(dtype: str) -> tuple[list[str], dict]:
         return ([args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model",
-                 str(folder), "--dtype", dtype, "--port", "{port}", "--max-model-len", "2048"],
-                vllm_env)
+                 str(folder), "--dtype", dtype, "--port", "{port}", "--max-model-len", "2048",
+                 *extra], vllm_env)
 
     def q4(activations: str | None) -> tuple[list[str], dict]:
-        return (["infer", "serve", "--model-path", "smollm2", "--port", "{port}"],
+        return (["infer", "serve", "--model-path", "smollm2", "--port", "{port}", *extra],
                 {"INFER_CPU_ACTIVATIONS": activations} if activations else {})
 
     return {
         VLLM: vllm("bfloat16"),
         VLLM_F32: vllm("float32"),
         INFER_BF16: (["infer", "serve", "--model-path", str(folder), "--dtype", "bfloat16",
-                      "--port", "{port}"], {}),
+                      "--port", "{port}", *extra], {}),
         INFER_Q4: q4(None),
         INFER_Q4_I8: q4("int8"),
         INFER_Q4_F32: q4("float32"),
@@ -352,9 +356,10 @@ def overhead_lines(summary: dict) -> list[str]:
     best = best_rows(summary["rows"])
     lines = ["", "Serving overhead: the server at the highest concurrency against the engine alone "
              "(`infer bench offline`, as many running requests, the same number of requests and "
-             "lengths; best round of each):", "",
+             "lengths; best round of each, and each round's server against the engine run right "
+             "after it, in the same phase of the machine):", "",
              "| server | clients | server out tok/s | engine alone out tok/s | server / engine | "
-             "load avg (engine run) |", "| --- | --- | --- | --- | --- | --- |"]
+             "per round | load avg (engine run) |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, off in best_off.items():
         srv = best.get((name, off["clients"]))
         if srv is None:
@@ -362,8 +367,18 @@ def overhead_lines(summary: dict) -> list[str]:
         lines.append(f"| {name} | {off['clients']} | {srv['output_throughput']:.1f} | "
                      f"{off['output_throughput']:.1f} | "
                      f"{srv['output_throughput'] / off['output_throughput']:.2f} | "
+                     f"{' / '.join(f'{x:.2f}' for x in round_ratios(summary, name, off['clients']))} | "
                      f"{off['load_before']} -> {off['load_after']} |")
     return lines
+
+
+def round_ratios(summary: dict, name: str, clients: int) -> list[float]:
+    """Server / engine alone of each round that has both (the engine run follows the server's)."""
+    engine = {r["round"]: r["output_throughput"] for r in summary.get("offline", [])
+              if r["server"] == name and r.get("clients") == clients}
+    return [r["output_throughput"] / engine[r["round"]] for r in sorted(summary["rows"], key=lambda r: r["round"])
+            if r["server"] == name and r.get("clients") == clients and "output_throughput" in r
+            and r["round"] in engine]
 
 
 def plot(summary: dict, path: Path) -> None:
@@ -389,9 +404,15 @@ def plot(summary: dict, path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
-def write_results(summary: dict) -> None:
-    plot(summary, HERE / "cpu_vllm.png")
+def write_results(summary: dict, out: Path | None = None) -> None:
+    """The plot and the table into benchmarks/ (cpu_vllm.png, RESULTS.md's section), or into
+    ``out`` (results.md beside the JSON) for a run that is not the default comparison."""
+    plot(summary, (out or HERE) / "cpu_vllm.png")
     block = render(summary)
+    if out is not None:
+        (out / "results.md").write_text(block + "\n")
+        print(block)
+        return
     path = HERE / "RESULTS.md"
     text = path.read_text() if path.exists() else "# Benchmark results\n\n"
     if BEGIN in text and END in text:
@@ -409,6 +430,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--concurrency-levels", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--prompts", type=int, nargs="+",
                     help="Requests per concurrency level (default: 8, 32, 64 for 1, 8, 32).")
+    ap.add_argument("--stream-interval", type=int, default=1,
+                    help="Give every server --stream-interval N (vLLM and infer both take it); a "
+                         "run with N > 1 writes its table to --out/results.md, not RESULTS.md.")
 
 
 def main() -> None:
@@ -421,13 +445,14 @@ def main() -> None:
     ap.add_argument("--merge", action="store_true", help="Add rounds to the vllm_peer.json in --out.")
     ap.add_argument("--report-only", action="store_true", help="Re-render from vllm_peer.json.")
     args = ap.parse_args()
+    side = args.out if args.stream_interval > 1 else None  # not the default comparison
     if args.report_only:
-        write_results(json.loads((args.out / "vllm_peer.json").read_text()))
+        write_results(json.loads((args.out / "vllm_peer.json").read_text()), side)
         return
     if not Path(args.vllm_python).exists():
         sys.exit(f"--vllm-python {args.vllm_python} does not exist; create the venv first "
                  "(see python benchmarks/vllm_peer.py's module doc)")
-    write_results(run(args))
+    write_results(run(args), side)
 
 
 if __name__ == "__main__":
