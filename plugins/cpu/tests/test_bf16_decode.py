@@ -154,6 +154,15 @@ def test_decode_stack_avx2_build(avx2_lib, case):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
+def test_decode_stack_splits_the_odd_column_group_by_rows(threads):
+    """A hidden of 9 column blocks (3 groups of the o and down projections on 2 threads): the
+    third group runs as two units of rows (12 and 7 of 19), the others whole; against torch."""
+    d = Dims(hidden=144, heads=6, kv_heads=2, head_dim=64, inter=160, rot=64, bias=False)
+    _check_stack(d, threads, kb.lib_for_call(), seed=11,
+                 seq_lens=[1 + (5 * i) % 17 for i in range(19)], num_pages=140)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 def test_decode_stack_many_rows(threads):
     """19 sequences: the attention phase's units take 8 rows each (a partial last chunk)."""
     _check_stack(CASES["smollm2_like"], threads, kb.lib_for_call(), seed=3,
