@@ -293,7 +293,7 @@ def best_rows(rows: list[dict]) -> dict[tuple[str, int], dict]:
     return out
 
 
-def render(summary: dict) -> str:
+def render(summary: dict, notes: bool = True) -> str:
     """The RESULTS.md section: one row per server and concurrency, ratios against vLLM."""
     rows, args = summary["rows"], summary["args"]
     best = best_rows(rows)
@@ -336,9 +336,9 @@ def render(summary: dict) -> str:
         lines += ["", "Failed starts: " + "; ".join(f"{r['server']} round {r['round']}: "
                                                      f"{r['error']}" for r in errors)]
     lines += ["", "![vLLM CPU peer](cpu_vllm.png)"]
-    notes = HERE / "cpu_vllm_notes.md"
-    if notes.exists():  # hand-written analysis of the committed run
-        lines += ["", notes.read_text().strip()]
+    written = HERE / "cpu_vllm_notes.md"
+    if notes and written.exists():  # hand-written analysis of the committed run
+        lines += ["", written.read_text().strip()]
     lines += ["", "Commands (load average before -> after):", ""]
     lines += [f"- `{e['cmd']}` rc {e['rc']}, {e['wall_s']} s, load {e['load_before']} -> "
               f"{e['load_after']}" for e in summary["log"]]
@@ -408,7 +408,7 @@ def write_results(summary: dict, out: Path | None = None) -> None:
     """The plot and the table into benchmarks/ (cpu_vllm.png, RESULTS.md's section), or into
     ``out`` (results.md beside the JSON) for a run that is not the default comparison."""
     plot(summary, (out or HERE) / "cpu_vllm.png")
-    block = render(summary)
+    block = render(summary, notes=out is None)  # the notes are about the committed run
     if out is not None:
         (out / "results.md").write_text(block + "\n")
         print(block)
