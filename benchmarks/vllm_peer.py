@@ -293,6 +293,12 @@ def best_rows(rows: list[dict]) -> dict[tuple[str, int], dict]:
     return out
 
 
+def lowest(rows: list[dict], name: str, conc: int, metric: str) -> float:
+    """A server's best (lowest) median of ``metric`` ("ttft", "itl") over its rounds."""
+    return min(r[metric]["median_ms"] for r in rows
+               if r["server"] == name and r.get("clients") == conc and metric in r)
+
+
 def render(summary: dict, notes: bool = True) -> str:
     """The RESULTS.md section: one row per server and concurrency, ratios against vLLM."""
     rows, args = summary["rows"], summary["args"]
@@ -308,7 +314,9 @@ def render(summary: dict, notes: bool = True) -> str:
              + ". Client: `infer bench serving` (bench_serving's metrics), "
              f"random ids, {args.get('input_len')} in / {args.get('output_len')} out, every row "
              "its own prompts (no row finds another's in a prefix cache), "
-             f"{args.get('rounds')} rounds with the servers alternating, best round per cell. "
+             f"{args.get('rounds')} rounds with the servers alternating, best round per cell "
+             "(throughput, first token and inter-token latency each take the server's best round "
+             "for that figure; the other cells are the highest-throughput round's). "
              "Where vLLM ran in both bf16 and float32, \"x vLLM\" compares with the faster of the "
              "two at that concurrency. "
              "The machine (2 cores) was shared: the load average before -> after each run is "
@@ -324,10 +332,12 @@ def render(summary: dict, notes: bool = True) -> str:
             if r is None:
                 continue
             tput = f"{r['output_throughput'] / ref['output_throughput']:.2f}" if ref else "n/a"
-            ttft = (f"{r['ttft']['median_ms'] / ref['ttft']['median_ms']:.2f}" if ref else "n/a")
+            # each latency cell is the server's best round for it, as the throughput cell is
+            first, itl = lowest(rows, name, conc, "ttft"), lowest(rows, name, conc, "itl")
+            ttft = (f"{first / lowest(rows, ref['server'], conc, 'ttft'):.2f}" if ref else "n/a")
             lines.append(
                 f"| {name} | {conc} | {r['completed']} | {r['output_throughput']:.1f} | {tput} | "
-                f"{r['ttft']['median_ms']:.0f} | {ttft} | {r['itl']['median_ms']:.1f} | "
+                f"{first:.0f} | {ttft} | {itl:.1f} | "
                 f"{r['load_s']:.0f} | {r.get('peak_rss_bytes', 0) / 2**20:.0f} | "
                 f"{r['load_before']} -> {r['load_after']} |")
     lines += overhead_lines(summary)
