@@ -21,7 +21,7 @@ class AddRequest:
     return_logprob: bool = False
     top_logprobs_num: int = 0
     logprob_start_len: int = -1
-    stream: bool = True  # False: the response is not streamed, only the end's output is needed
+    stream: bool = True  # False: not streamed; the engine reports the first token, then the end
 
 
 @dataclass
