@@ -74,3 +74,24 @@ def test_interval_below_one_is_refused(tiny_dir):
     assert r.returncode == 2, r.stderr
     assert "--stream-interval 0: must be at least 1" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_stop_string_inside_a_group_and_n_choices(client, grouped):
+    """A stop string that ends inside a 3-token chunk cuts the text where the default server does,
+    for each of n = 2 choices, streamed and not (greedy: two servers' logits differ in the last
+    bits, which a sampled choice could turn into another token)."""
+    kw = {"model": "tiny", "prompt": PROMPTS[1], "max_tokens": 16, "temperature": 0,
+          "extra_body": {"ignore_eos": True}}
+    text = client.completions.create(**kw).choices[0].text
+    assert len(text) > 8, text
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    cut = {**kw, "n": 2, "stop": [stop]}
+    want = sorted((c.index, c.text, c.finish_reason) for c in client.completions.create(**cut).choices)
+    got = sorted((c.index, c.text, c.finish_reason) for c in grouped.completions.create(**cut).choices)
+    assert got == want
+    streamed: dict[int, str] = {}
+    for ch in grouped.completions.create(stream=True, **cut):
+        for c in ch.choices:
+            streamed[c.index] = streamed.get(c.index, "") + c.text
+    assert sorted(streamed.items()) == [(i, t) for i, t, _ in want]
+    assert all(r == "stop" and stop not in t for _, t, r in want)
