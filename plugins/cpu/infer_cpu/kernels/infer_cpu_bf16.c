@@ -573,46 +573,11 @@ static void gemm_proj(const act_t *act, int64_t xs, int M, int K2, const bf16 *P
 
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-/* When the last of nt equally fast threads finishes units of per blocks (the last unit the
- * rest of NB), each thread taking the next unit as it frees up, in blocks' time. */
-static int units_makespan(int NB, int per, int nt) {
-  int free_at[POOL_MAX] = {0}, end = 0;
-  for (int b = 0; b < NB; b += per) {
-    int t = 0;
-    for (int i = 1; i < nt; i++) t = free_at[i] < free_at[t] ? i : t;
-    free_at[t] += NB - b < per ? NB - b : per;
-    end = free_at[t] > end ? free_at[t] : end;
-  }
-  return end;
-}
-
-/* Column blocks per unit for NB blocks on nt threads, whole tiles: of the unit sizes that give
- * each thread 2 to 8 units, the one whose units end soonest, split evenly (36 blocks on 2
- * threads as 6 units of 6, not 8 of 5 where one thread does 20 and the other 16); on ties the
- * one nearest 4 units a thread (a helper kept off its core then costs the caller less). */
-static int unit_blocks(int NB, int nt) {
-  nt = nt < POOL_MAX ? nt : POOL_MAX; /* as pool_run runs it (and units_makespan's array) */
-  int best = ceil_div(ceil_div(NB, 4 * nt), TILE_TB) * TILE_TB;
-  int best_t = units_makespan(NB, best, nt);
-  double best_d = fabs(log((double)ceil_div(NB, best) / (4.0 * nt)));
-  for (int per = TILE_TB; per <= NB; per += TILE_TB) {
-    int units = ceil_div(NB, per);
-    if (units > 8 * nt || units < 2 * nt) continue;
-    int t = units_makespan(NB, per, nt);
-    double d = fabs(log((double)units / (4.0 * nt)));
-    if (t < best_t || (t == best_t && d < best_d)) {
-      best = per;
-      best_t = t;
-      best_d = d;
-    }
-  }
-  return best;
-}
-
-/* When the last of nt threads finishes units of per column blocks (of NB) by rows rows (of B),
- * taken column group by column group, each thread taking the next unit as it frees up, in
- * block-rows. */
-static int64_t rows_makespan(int NB, int per, int B, int rows, int nt) {
+/* When the last of nt equally fast threads finishes units of per column blocks (of NB, the last
+ * unit the rest) by rows rows (of B, the last chunk the rest), taken column group by column group,
+ * each thread taking the next unit as it frees up, in block-rows' time (B = rows = 1: units of
+ * whole columns, in blocks' time). */
+static int64_t units_makespan(int NB, int per, int B, int rows, int nt) {
   int64_t free_at[POOL_MAX] = {0}, end = 0;
   nt = nt < POOL_MAX ? nt : POOL_MAX;
   for (int b = 0; b < NB; b += per)
@@ -625,6 +590,29 @@ static int64_t rows_makespan(int NB, int per, int B, int rows, int nt) {
   return end;
 }
 
+/* Column blocks per unit for NB blocks on nt threads, whole tiles: of the unit sizes that give
+ * each thread 2 to 8 units, the one whose units end soonest, split evenly (36 blocks on 2
+ * threads as 6 units of 6, not 8 of 5 where one thread does 20 and the other 16); on ties the
+ * one nearest 4 units a thread (a helper kept off its core then costs the caller less). */
+static int unit_blocks(int NB, int nt) {
+  nt = nt < POOL_MAX ? nt : POOL_MAX; /* as pool_run runs it */
+  int best = ceil_div(ceil_div(NB, 4 * nt), TILE_TB) * TILE_TB;
+  int64_t best_t = units_makespan(NB, best, 1, 1, nt);
+  double best_d = fabs(log((double)ceil_div(NB, best) / (4.0 * nt)));
+  for (int per = TILE_TB; per <= NB; per += TILE_TB) {
+    int units = ceil_div(NB, per);
+    if (units > 8 * nt || units < 2 * nt) continue;
+    int64_t t = units_makespan(NB, per, 1, 1, nt);
+    double d = fabs(log((double)units / (4.0 * nt)));
+    if (t < best_t || (t == best_t && d < best_d)) {
+      best = per;
+      best_t = t;
+      best_d = d;
+    }
+  }
+  return best;
+}
+
 /* The o and down projections' units over B rows of an extend step: column groups of *per
  * blocks (of NB) by *rows rows, where splitting the rows too evens out the threads' shares (the
  * 36 blocks of a 576-wide output make 5 units of 4 and 4 on 2 threads, 20 block-times against
@@ -632,12 +620,12 @@ static int64_t rows_makespan(int NB, int per, int B, int rows, int nt) {
  * the register tile. Prefill of 4 x 128 and 2 x 128 tokens: 1.02-1.03x a step; a decode step
  * (32 rows) keeps its whole rows (its weights stream from memory once per column group). */
 static void residual_units(int *per, int *rows, int NB, int B, int nt) {
-  int64_t best = rows_makespan(NB, *per, B, B, nt);
+  int64_t best = units_makespan(NB, *per, B, B, nt);
   for (int nr = 2; nr <= 4; nr++) {
     int r = ceil_div(ceil_div(B, nr), TM) * TM;
     if (r < 32 || r >= B) continue;
     for (int p = TILE_TB; p <= NB; p += TILE_TB) {
-      int64_t t = rows_makespan(NB, p, B, r, nt);
+      int64_t t = units_makespan(NB, p, B, r, nt);
       if (ceil_div(NB, p) * ceil_div(B, r) <= 8 * nt && t < best) {
         best = t;
         *per = p;
@@ -2269,8 +2257,7 @@ static void run_stack(const infer_bf16_layer *layers, int n_layers, float *h, in
   if (ext_lens) {
     residual_units(&j.per_h, &j.rows_h, ceil_div(hidden, CB), B, nt);
     j.split_h = ceil_div(ceil_div(hidden, CB), j.per_h);
-  }
-  else { /* decode: column groups of all rows (each group's weights stream from memory once),
+  } else { /* decode: column groups of all rows (each group's weights stream from memory once),
           * but the groups a whole round of the threads cannot take split by rows (36 blocks on 2
           * threads: 8 groups of 4 whole, the ninth as two halves of 16 rows; 32-row step
           * 1.01-1.02x, the same bits) */
