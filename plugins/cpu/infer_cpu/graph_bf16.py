@@ -145,18 +145,14 @@ class BF16DecodeStack:
 
         if not hugepages.enabled():
             return
-        names = ("wqkv", "wo", "wgu", "wdown")
-        packs = []
-        for layer in layers:
+        for i, layer in enumerate(layers):
             attn, mlp = layer.self_attn, layer.mlp
-            packs += [m.bf16_packed for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
-                                                mlp.down_proj)]
-        packs.append(model.lm_head.bf16_packed)
-        for p in packs:
-            p.data = hugepages.rehome(p.data)
-        for i in range(len(layers)):
-            for j, name in enumerate(names):
-                setattr(table[i], name, packs[4 * i + j].data.data_ptr())
+            for name, m in zip(("wqkv", "wo", "wgu", "wdown"),
+                               (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj),
+                               strict=True):
+                m.bf16_packed.data = hugepages.rehome(m.bf16_packed.data)
+                setattr(table[i], name, m.bf16_packed.data.data_ptr())
+        model.lm_head.bf16_packed.data = hugepages.rehome(model.lm_head.bf16_packed.data)
 
     def run(self, batch: Any) -> torch.Tensor:
         """Decode step: embedding (torch) -> all layers, final norm and LM head (one native

@@ -15,6 +15,7 @@ Values never change: only where they live. ``INFER_CPU_HUGE_PAGES=0`` turns it o
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import sys
@@ -79,10 +80,7 @@ def empty(nbytes: int) -> tuple[torch.Tensor, int]:
 def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """``torch.zeros(shape, dtype)`` on huge pages, every page faulted in now, as torch.zeros
     does (not inside the first decode steps that write a token there)."""
-    n = 1
-    for d in shape:
-        n *= d
-    nbytes = n * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     raw, start = empty(nbytes)
     return raw[start:start + nbytes].view(dtype).view(shape).zero_()
 
