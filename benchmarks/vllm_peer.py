@@ -414,9 +414,13 @@ def plot(summary: dict, path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
-def write_results(summary: dict, out: Path | None = None) -> None:
-    """The plot and the table into benchmarks/ (cpu_vllm.png, RESULTS.md's section), or into
-    ``out`` (results.md beside the JSON) for a run that is not the default comparison."""
+def write_results(summary: dict) -> None:
+    """The plot and the table into benchmarks/ (cpu_vllm.png, RESULTS.md's section), or, for a
+    run at another --stream-interval (not the default comparison; the run's own setting, so a
+    re-render of such a run never replaces RESULTS.md's), into its --out (results.md beside the
+    JSON)."""
+    args = summary["args"]
+    out = Path(args["out"]) if int(args.get("stream_interval", 1)) > 1 else None
     plot(summary, (out or HERE) / "cpu_vllm.png")
     block = render(summary, notes=out is None)  # the notes are about the committed run
     if out is not None:
@@ -455,14 +459,14 @@ def main() -> None:
     ap.add_argument("--merge", action="store_true", help="Add rounds to the vllm_peer.json in --out.")
     ap.add_argument("--report-only", action="store_true", help="Re-render from vllm_peer.json.")
     args = ap.parse_args()
-    side = args.out if args.stream_interval > 1 else None  # not the default comparison
     if args.report_only:
-        write_results(json.loads((args.out / "vllm_peer.json").read_text()), side)
-        return
-    if not Path(args.vllm_python).exists():
-        sys.exit(f"--vllm-python {args.vllm_python} does not exist; create the venv first "
-                 "(see python benchmarks/vllm_peer.py's module doc)")
-    write_results(run(args), side)
+        summary = json.loads((args.out / "vllm_peer.json").read_text())
+    else:
+        if not Path(args.vllm_python).exists():
+            sys.exit(f"--vllm-python {args.vllm_python} does not exist; create the venv first "
+                     "(see python benchmarks/vllm_peer.py's module doc)")
+        summary = run(args)
+    write_results(summary)
 
 
 if __name__ == "__main__":
