@@ -127,9 +127,28 @@ def fgemm_call(lib: ctypes.CDLL, x: torch.Tensor, w: QWeight, y: torch.Tensor, f
     return lambda: lib.infer_fgemm(*args)
 
 
+_TILES: dict[int, torch.Tensor] = {}
+
+
+def fgemm_tiles_call(lib: ctypes.CDLL, x: torch.Tensor, w: QWeight, y: torch.Tensor):
+    """``infer_fgemm_tiles`` on int16 activations with the tiles packed at load, as the default
+    model serves its projections (packed once by the tree's kernels; every version reads the same
+    layout)."""
+    if id(w) not in _TILES:
+        packed = kernels.with_tiles(w.with_activations("int16")).tiles
+        if packed is None:
+            raise SystemExit("this build packs no int16 tiles")
+        _TILES[id(w)] = packed
+    args = (w.kind | KIND_I16, x.data_ptr(), x.stride(0), x.shape[0], w.in_features,
+            w.blocks.data_ptr(), _TILES[id(w)].data_ptr(), None, w.out_features, y.data_ptr(),
+            w.out_features)
+    return lambda: lib.infer_fgemm_tiles(*args)
+
+
 KERNELS = {"qgemm": qgemm_call, "fgemm": fgemm_call,
            "fgemm-i8": lambda lib, x, w, y: fgemm_call(lib, x, w, y, KIND_I8),
-           "fgemm-i16": lambda lib, x, w, y: fgemm_call(lib, x, w, y, KIND_I16)}
+           "fgemm-i16": lambda lib, x, w, y: fgemm_call(lib, x, w, y, KIND_I16),
+           "fgemm-i16-tiles": fgemm_tiles_call}
 
 
 def loadavg() -> str:
@@ -167,7 +186,8 @@ def main() -> None:
     ap.add_argument("--no-torch", action="store_true", help="skip the float32 matmul peer")
     ap.add_argument("--kernel", choices=list(KERNELS), nargs="+", default=["qgemm"],
                     help="qgemm (int8 activations, unused by serving), fgemm (float32 activations), "
-                         "fgemm-i8 / fgemm-i16 (fgemm's batch-invariant int8 / int16 activations); "
+                         "fgemm-i8 / fgemm-i16 (fgemm's batch-invariant int8 / int16 activations), "
+                         "fgemm-i16-tiles (int16 on tiles packed at load, as the default serves); "
                          "several: each timed in the same rounds, the first is the ratios' base")
     ap.add_argument("--lm-head", action="store_true",
                     help="also the Q8_0 LM head (the embedding quantized as the model serves it)")

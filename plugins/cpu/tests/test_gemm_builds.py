@@ -45,6 +45,9 @@ BUILDS = {
     "avx512-no-vnni": (["-O3", "-march=native", "-mno-avx512vnni", "-fopenmp"],
                        {"avx512f", "avx512bw", "avx512vl"}),
     "portable": (["-O2"], set()),
+    # the machine's AVX-512 VNNI tiles where the native build runs the integer GEMM on AMX tiles
+    "native-no-amx": (["-O3", "-march=native", "-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16",
+                       "-fopenmp"], {"amx_tile", "amx_int8"}),
 }
 
 
@@ -202,7 +205,7 @@ def _check(y: torch.Tensor, x: torch.Tensor, w: QWeight, bias: torch.Tensor | No
 
 CASES = [  # (N, K, M)
     (1, 32, 1), (5, 64, 1), (37, 160, 1), (3, 64, 2), (21, 96, 3), (40, 160, 5), (17, 64, 6), (15, 96, 7), (16, 160, 8), (17, 160, 9), (37, 576, 13), (50, 128, 33),
-    (33, 64, 67), (20, 576, 131),
+    (48, 576, 16), (70, 128, 34), (33, 64, 67), (20, 576, 131),
 ]
 
 
@@ -244,16 +247,50 @@ def test_every_build_gives_the_same_bits(builds, build, precision, qtype, packed
         assert torch.equal(y, with_threads(1, lambda x=x, w=w, b=bias: kernels.fgemm(x, w, b))), (n, k, m)
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["repacked", "packed"])
 @pytest.mark.parametrize("precision", ["int16", "int8"])
-def test_integer_blocks_of_more_than_256_rows(precision, with_threads):
+def test_integer_blocks_of_more_than_256_rows(precision, packed, with_threads):
     """Past the integer paths' 256-row activation blocks (a prefill), both threads."""
-    w = _weights(40, 96, Q.Q4_1, seed=3).with_activations(precision)
+    w = _packed(_weights(40, 96, Q.Q4_1, seed=3).with_activations(precision), packed)
     x = _activations(300, 96, seed=4)
     alone = torch.cat([kernels.fgemm(x[i:i + 1], w) for i in range(x.shape[0])])
     for threads in (1, 2):
         y = with_threads(threads, lambda: kernels.fgemm(x, w))
         _check(y, x, w, None)
         assert torch.equal(y, alone)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0])
+def test_int16_codes_and_weight_codes_at_their_extremes(builds, qtype, with_threads):
+    """int16 codes over their whole range (+-32767, the multiples of 256 and their neighbours,
+    where the AMX path's split x = 256 hi + lo changes hi) against weight codes over theirs (Q8_0:
+    -128 .. 127, set in the blocks directly; Q4_1: 0 .. 15): bit for bit the reference, at 1 to 40
+    rows, in the native build and in every other build this CPU runs."""
+    n, k = 50, 256
+    g = torch.Generator().manual_seed(5)
+    w = _weights(n, k, qtype, seed=6)
+    if qtype == Q.Q8_0:  # codes anywhere in int8, -128 included (GGUF's quantizer stops at -127)
+        b = w.blocks.reshape(n, k // 32, -1)
+        b[..., 2:] = torch.randint(0, 256, b[..., 2:].shape, generator=g, dtype=torch.uint8)
+        b[0, 0, 2:] = 128  # a block of -128 codes
+        b[1, 0, 2:] = 127
+    w = _packed(w.with_activations("int16"), True)
+    special = torch.tensor([32767, -32767, 256, -256, 255, -255, 257, -257, 1, -1, 0, 128, -128,
+                            32512, -32512, 32511, -32513], dtype=torch.float32)
+    codes = torch.randint(-32767, 32768, (40, k), generator=g).float()
+    codes[:, ::32] = 32767  # each block's largest code, so that d = 1 exactly
+    codes[::2, 1:1 + special.numel()] = special
+    codes[3, :32] = -32767.0  # a block at the negative end
+    codes[3, 0] = 32767.0
+    x = codes * 2.0**-7  # d = 32767 * 2^-7 / 32767: the codes come back exactly
+    q, _ = _codes(x, "int16")
+    assert torch.equal(q.reshape(40, k).float(), codes)
+    for m in (1, 3, 16, 17, 40):
+        want = _integer_reference(x[:m], w, None)
+        for threads in (1, 2):
+            assert torch.equal(with_threads(threads, lambda m=m: kernels.fgemm(x[:m], w)), want), m
+        for name, lib in builds.items():
+            assert torch.equal(_call(lib, x[:m], w, None), want), (name, m)
 
 
 def test_activation_flags_keep_the_blocks():

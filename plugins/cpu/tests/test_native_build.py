@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+
+import pytest
 from infer_cpu import native_build
 from infer_cpu.probe import probe
 
@@ -32,3 +35,23 @@ def test_describe_before_and_after_a_build(monkeypatch, tmp_path):
 
 def test_probe_reports_it():
     assert "native_kernels" in probe().device.details
+
+
+@pytest.mark.parametrize("source", [native_build.SOURCE, native_build.BF16_SOURCE,
+                                    native_build.COMM_SOURCE], ids=lambda p: p.name)
+def test_the_sources_build_with_the_first_flag_set(source, tmp_path):
+    """Where the compiler takes the first flag set (-march=native), every shipped source builds
+    with it: a source that only compiles with the fallback flags would otherwise serve, and pass
+    every bit-for-bit test, as portable C."""
+    cc = native_build.compiler()
+    if cc is None:
+        pytest.skip("no C compiler")
+    flags = native_build.FLAG_SETS[0]
+    trivial = tmp_path / "t.c"
+    trivial.write_text("int f(void) { return 0; }\n")
+    base = [cc, *flags, "-shared", "-fPIC", "-o"]
+    if subprocess.run([*base, str(tmp_path / "t.so"), str(trivial)], capture_output=True).returncode:
+        pytest.skip(f"{cc} does not take {' '.join(flags)}")
+    proc = subprocess.run([*base, str(tmp_path / "lib.so"), str(source), "-lm"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -50,6 +50,10 @@ class Layer(ctypes.Structure):
                 ("tgu", _P), ("tdown", _P)]
 
 
+# infer_kernels_isa(): where the integer-activation GEMM runs (AMX from a dozen rows, the
+# AVX-512 VNNI register tiles below them)
+ISA_NAMES = {4: "amx_int8 + avx512_vnni", 3: "avx512_vnni", 2: "avx2", 0: "portable C"}
+
 _SIGNATURES = {
     "infer_set_threads": [_I],
     "infer_kernels_isa": [],
@@ -98,7 +102,7 @@ def load() -> ctypes.CDLL | None:
                     fn.argtypes = argtypes
                     fn.restype = _RESTYPES.get(name)
                 lib.infer_pool_swaps(pool_swap_setting())
-                isa = "avx2" if lib.infer_kernels_isa() == 2 else "portable C"
+                isa = ISA_NAMES.get(lib.infer_kernels_isa(), "portable C")
                 detail = f"{path} ({cc} {' '.join(flags)}; {isa})"
             except (OSError, RuntimeError, AttributeError) as e:
                 lib, detail = None, f"could not build the native kernels: {e}"

@@ -43,10 +43,9 @@ static inline void prefetch_span(const void *p, int n) {
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define BF16_DP 1 /* vdpbf16ps on bf16 activation pairs */
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#include "infer_cpu_amx.h"
+#if defined(INFER_AMX_TILES) && defined(__AMX_BF16__)
 #define BF16_AMX 1 /* the projections on AMX tiles (tdpbf16ps) where the kernel allows them */
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 #elif defined(__AVX2__) && defined(__FMA__)
 #define BF16_AVX2 1 /* weights widened to float32, FMA against float32 activations */
@@ -74,23 +73,6 @@ static int g_threads = 1;
 void infer_bf16_set_threads(int n) { g_threads = n > 0 ? n : 1; }
 
 /* ---- the work pool (infer_cpu_pool.h): infer_bf16_pool_swaps() counts its core swaps ---- */
-
-#ifdef BF16_AMX
-/* AMX tiles need the kernel's leave to use their state (Linux 5.16+: arch_prctl
- * ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, Documentation/arch/x86/xstate.rst); it is asked
- * once, for the whole process. Refused (an older kernel, a hypervisor that hides the state),
- * every GEMM stays on the AVX-512 BF16 tiles: the choice is made once, so a row's result never
- * depends on which call computed it. */
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
-static pthread_once_t g_amx_once = PTHREAD_ONCE_INIT;
-static int g_amx;
-static void amx_ask(void) { g_amx = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0; }
-static int amx_on(void) {
-  pthread_once(&g_amx_once, amx_ask);
-  return g_amx;
-}
-#endif
 
 /* 4: AMX (tdpbf16ps) for the projections and the prefill attention, AVX-512 BF16 elsewhere; 3:
  * AVX-512 BF16 (vdpbf16ps);
@@ -437,23 +419,15 @@ static void gemm_blocks(const act_t *act, int64_t xs, int M, int K2, const bf16 
  * so every M takes this path and a row's result is the same at any batch size (the tiles'
  * configured rows change with M, never the sums of a row).
  * Taken where K2 is a multiple of 16 (a k chunk is one tile); other shapes stay on vdpbf16ps. */
-typedef struct {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} amx_cfg;
-
 /* Tiles 0, 1 and 4 hold rows lo (1..16) of C and A, tiles 2, 3 and 5 rows hi (0: unused). */
 static void amx_load_config(int lo, int hi) {
-  amx_cfg c;
-  memset(&c, 0, sizeof c);
-  c.palette = 1;
+  uint8_t rows[8];
+  uint16_t colsb[8];
   for (int t = 0; t < 8; t++) {
-    int r = t == 2 || t == 3 || t == 5 ? hi : t < 6 ? lo : 16;
-    c.colsb[t] = r ? 64 : 0;
-    c.rows[t] = (uint8_t)r;
+    rows[t] = (uint8_t)(t == 2 || t == 3 || t == 5 ? hi : t < 6 ? lo : 16);
+    colsb[t] = 64;
   }
-  _tile_loadconfig(&c);
+  amx_configure(rows, colsb);
 }
 
 static int amx_takes(int K2) { return K2 % 16 == 0 && K2 > 0 && amx_on(); }

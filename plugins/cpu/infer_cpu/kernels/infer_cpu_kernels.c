@@ -15,7 +15,8 @@
  *   exactly, batch invariant (each output one FMA chain in a fixed order, whatever the number of
  *   rows); with kind | KIND_I16 or kind | KIND_I8 the activations quantized per row and 32-block
  *   to int16 or int8 codes, exact integer block dots and one float chain per output over the
- *   blocks, as batch invariant (the integer-activation GEMM below). infer_qgemm (kept for measurements, unused by serving): the activations quantized per
+ *   blocks, as batch invariant (the integer-activation GEMM below; on CPUs with AMX its int16
+ *   path runs on AMX tiles from a dozen rows, with the same bits: amx_i16_gemm). infer_qgemm (kept for measurements, unused by serving): the activations quantized per
  *   32-block to int8 with one scale (as llama.cpp's Q8 dot products do), each block an integer
  *   dot product; faster, further from the float32 reference (benchmarks/cpu_notes.md).
  *
@@ -40,6 +41,7 @@
 #include <omp.h>
 #endif
 #include "infer_cpu_vmath.h"
+#include "infer_cpu_amx.h"
 #include "infer_cpu_attn.h"
 #define POOL_SWAPS_FN infer_pool_swaps
 #include "infer_cpu_pool.h"
@@ -50,13 +52,7 @@ static int g_threads = 1;
 
 void infer_set_threads(int n) { g_threads = n > 0 ? n : 1; }
 
-int infer_kernels_isa(void) {
-#ifdef __AVX2__
-  return 2;
-#else
-  return 0;
-#endif
-}
+
 
 /* x [K] -> per 32-block codes q = round(x / d) with d = amax / qmax: int8 codes (qmax 127) into
  * q8, or (wide) int16 codes (qmax 32767) into q16; the scales d [K/32], d * sum(q) in s [K/32]
@@ -1336,6 +1332,187 @@ static inline void tile_row_out(float *dst, const float *src, int tw) {
   memcpy(dst, src, sizeof(float) * (size_t)tw);
 }
 
+#if defined(I8_VNNI) && defined(INFER_AMX_TILES) && defined(__AMX_INT8__)
+#define I8_AMX 1
+/* ---- AMX: the int16-activation GEMM on packed tiles (tdpbssd, tdpbusd) ----
+ * An int16 code splits exactly into x = 256 hi + lo, hi = x >> 8 (int8) and lo = x & 255 (uint8).
+ * Per 32-block, two int8 tile products of up to 16 activation rows (A: 16 rows x 32 bytes, the
+ * hi or the lo codes) with the block's codes of 16 weight rows (B: 8 rows x 16 quads, the tile
+ * layout of codes k = 4j .. 4j + 3 of each weight row) give exact int32 sums H = sum(hi q)
+ * (tdpbssd, s8 x s8) and L = sum(lo q) (tdpbusd, u8 x s8): |H| <= 32 * 128 * 128, |L| <= 32 *
+ * 255 * 128, and 256 H + L is the block's integer dot, whose bound the tiles' comment gives. The
+ * float steps after it are i8_tile's, in the same order, so every output is the same bits as
+ * the register tiles' (and every other path's): which rows share an AMX tile, and whether a row
+ * takes one at all, changes nothing. Two weight tiles (32 columns) at a time: tiles 0-1 hold the
+ * activations (hi, lo), 2-3 the two weight tiles' B, 4-7 their H and L. Rows past M in a tile
+ * read zero codes and are never stored. */
+#ifndef AMX_MIN_M
+#define AMX_MIN_M 12 /* q4 weights: from 12 rows (below it the register tiles are faster) */
+#endif
+#ifndef AMX_MIN_M8
+#define AMX_MIN_M8 32 /* q8 weights (the LM head) */
+#endif
+static __thread scratch tl_planes; /* the hi and lo codes, 16-row padded */
+
+/* hi, lo [Mp, K] (Mp = M rounded up to 16) <- x16 [M, K] split as above, zero rows past M. */
+static void amx_split(const int16_t *x16, int M, int Mp, int K, int8_t *hi, uint8_t *lo) {
+  int64_t n = (int64_t)M * K, np = (int64_t)Mp * K, i = 0;
+  for (; i < n; i += 32) { /* K is a multiple of 32 */
+    __m512i x = _mm512_loadu_si512((const void *)(x16 + i));
+    _mm256_storeu_si256((__m256i *)(hi + i), _mm512_cvtepi16_epi8(_mm512_srai_epi16(x, 8)));
+    _mm256_storeu_si256((__m256i *)(lo + i), _mm512_cvtepi16_epi8(_mm512_and_si512(x, _mm512_set1_epi16(0xFF))));
+  }
+  memset(hi + n, 0, (size_t)(np - n));
+  memset(lo + n, 0, (size_t)(np - n));
+}
+
+/* bt (8 rows x 64 bytes) <- one block of a packed tile (cb) in the B layout: dword r of row j
+ * holds codes 4j .. 4j + 3 of weight row r, one byte each (q4: 0..15; q8: the int8 codes). */
+static inline void amx_btile(int q4, const uint8_t *cb, uint8_t *bt) {
+  for (int j = 0; j < 8; j++) {
+    __m512i v;
+    if (q4) { /* pair bytes (low nibble k, high k + 1) of groups 2j and 2j + 1 -> 4 bytes */
+      __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(cb + (size_t)(2 * j) * TW)));
+      __m512i o = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(cb + (size_t)(2 * j + 1) * TW)));
+      v = _mm512_or_si512(e, _mm512_slli_epi32(o, 16)); /* nibbles n0 n1 . . n2 n3 . . */
+      v = _mm512_and_si512(_mm512_or_si512(v, _mm512_slli_epi32(v, 4)), _mm512_set1_epi32(0x0F0F0F0F));
+    } else { /* byte pairs of groups 2j and 2j + 1 */
+      __m512i e = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(cb + (size_t)(2 * j) * TW * 2)));
+      __m512i o = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(cb + (size_t)(2 * j + 1) * TW * 2)));
+      v = _mm512_or_si512(e, _mm512_slli_epi32(o, 16));
+    }
+    _mm512_store_si512((void *)(bt + 64 * j), v);
+  }
+}
+
+/* The float steps of block b for the NR rows of one AMX row tile (H and L: their tile sums as
+ * stored, 16 int32 a row; dx, sx: the rows' scales for this block), acc[i] the chain of row i. */
+static inline __attribute__((always_inline)) void amx_steps(int q4, int NR, const int32_t (*H)[16],
+                                                            const int32_t (*L)[16], __m512 vdw,
+                                                            __m512 vmw, const float *dx,
+                                                            const float *sx, __m512 *acc) {
+  _Pragma("GCC unroll 16") for (int i = 0; i < NR; i++) {
+    __m512i d = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512((const void *)H[i]), 8),
+                                 _mm512_load_si512((const void *)L[i]));
+    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(vdw, _mm512_set1_ps(dx[i])), acc[i]);
+    if (q4) acc[i] = _mm512_fmadd_ps(vmw, _mm512_set1_ps(sx[i]), acc[i]);
+  }
+}
+
+/* Rows [r0, r0 + NR) (NR <= 16, a multiple of 4; rows past the call's own are zero codes with
+ * zero scales) against one weight tile, whose blocks' B tiles are bt [nb][512] and scales dh,
+ * mh [nb][TW] (float16): out[i] = the TW outputs of row r0 + i. Two C tile pairs (4-5, 6-7)
+ * alternate, so that block b's tile products run while block b - 1's float steps do. */
+static inline __attribute__((always_inline)) void amx_rows(int q4, int NR, const int8_t *hi,
+                                                           const uint8_t *lo, int K, int nb,
+                                                           const uint8_t *bt, const uint16_t *dh,
+                                                           const uint16_t *mh, const float *ds,
+                                                           float (*out)[TW]) {
+  int32_t cs[2][2][16][16] __attribute__((aligned(64)));
+  __m512 acc[16];
+  _Pragma("GCC unroll 16") for (int i = 0; i < NR; i++) acc[i] = _mm512_setzero_ps();
+  __m512 vdw = _mm512_setzero_ps(), vmw = _mm512_setzero_ps();
+  for (int b = 0; b <= nb; b++) {
+    if (b < nb) {
+      _tile_loadd(0, hi + (int64_t)b * QK, K);
+      _tile_loadd(1, lo + (int64_t)b * QK, K);
+      _tile_loadd(2, bt + (size_t)b * 512, 64);
+/* H into tile h, L into tile l (the tile numbers are immediates), stored to cs[p] */
+#define AMX_HL(h, l, p)                                                                   \
+  do {                                                                                    \
+    _tile_zero(h);                                                                        \
+    _tile_zero(l);                                                                        \
+    _tile_dpbssd(h, 0, 2);                                                                \
+    _tile_dpbusd(l, 1, 2);                                                                \
+    _tile_stored(h, cs[p][0], 64);                                                        \
+    _tile_stored(l, cs[p][1], 64);                                                        \
+  } while (0)
+      if (b & 1)
+        AMX_HL(6, 7, 1);
+      else
+        AMX_HL(4, 5, 0);
+#undef AMX_HL
+    }
+    if (b > 0) { /* block b - 1's float steps */
+      int p = (b - 1) & 1;
+      amx_steps(q4, NR, (const int32_t(*)[16])cs[p][0], (const int32_t(*)[16])cs[p][1], vdw, vmw,
+                ds + (size_t)(b - 1) * 32, ds + (size_t)(b - 1) * 32 + 16, acc);
+    }
+    if (b < nb) {
+      vdw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(dh + (size_t)b * TW)));
+      if (q4) vmw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mh + (size_t)b * TW)));
+    }
+  }
+  _Pragma("GCC unroll 16") for (int i = 0; i < NR; i++) _mm512_store_ps(out[i], acc[i]);
+}
+
+#define AMXR(q, nr) \
+  case (nr) / 4 * 2 + (q): amx_rows(q, nr, hi, lo, K, nb, bt, dh, mh, ds, out); break;
+static void amx_rows_any(int q4, int nr, const int8_t *hi, const uint8_t *lo, int K, int nb,
+                         const uint8_t *bt, const uint16_t *dh, const uint16_t *mh,
+                         const float *ds, float (*out)[TW]) {
+  switch ((nr + 3) / 4 * 2 + q4) {
+    AMXR(1, 4) AMXR(0, 4) AMXR(1, 8) AMXR(0, 8) AMXR(1, 12) AMXR(0, 12) AMXR(1, 16) AMXR(0, 16)
+  }
+}
+#undef AMXR
+
+/* Columns [n0, n1) (n0 on a tile) of the product of a's M int16-coded rows (x16) with packed
+ * tiles, into y (before the bias): per weight tile, its blocks' B tiles made once (nb x 512
+ * bytes, in L1), then each row tile's chains in registers over the blocks. */
+static void amx_i16_gemm(int q4, const i8_act *a, const int16_t *x16, int M, const uint8_t *tiles,
+                         int n0, int n1, float *y, int64_t y_stride) {
+  int nb = a->nb, K = a->K, Mp = (M + 15) & ~15;
+  size_t ptb = packed_tile_bytes(nb, q4), pb = packed_block(q4);
+  size_t planes = 2 * (size_t)Mp * K, bts = (size_t)nb * 512, dss = (size_t)nb * 32 * sizeof(float);
+  int8_t *hi = (int8_t *)scratch_get(&tl_planes, planes + bts + dss * (Mp / 16));
+  uint8_t *lo = (uint8_t *)hi + (size_t)Mp * K, *bt = (uint8_t *)hi + planes;
+  float *ds = (float *)(bt + bts); /* per row tile, per block: 16 dx then 16 sx (zeros past M) */
+  amx_split(x16, M, Mp, K, hi, lo);
+  for (int r0 = 0; r0 < Mp; r0 += 16)
+    for (int b = 0; b < nb; b++)
+      for (int i = 0; i < 16; i++) {
+        float *d = ds + (size_t)(r0 / 16) * nb * 32 + (size_t)b * 32;
+        int m = r0 + i;
+        d[i] = m < M ? a->d[(int64_t)m * nb + b] : 0.f;
+        d[16 + i] = m < M ? a->s[(int64_t)m * nb + b] : 0.f;
+      }
+  static const uint8_t rows[8] = {16, 16, 8, 0, 16, 16, 16, 16};
+  static const uint16_t colsb[8] = {32, 32, 64, 0, 64, 64, 64, 64};
+  amx_configure(rows, colsb);
+  float out[16][TW] __attribute__((aligned(64)));
+  for (int c = n0; c < n1; c += TW) {
+    int tw = n1 - c < TW ? n1 - c : TW;
+    const uint8_t *t = tiles + (size_t)(c / TW) * ptb;
+    const uint16_t *dh = (const uint16_t *)(t + (size_t)nb * pb), *mh = dh + (size_t)nb * TW;
+    if (c + TW < n1) /* the next tile, from memory while this one computes */
+      for (size_t off = 0; off < ptb; off += 64) _mm_prefetch((const char *)t + ptb + off, _MM_HINT_T0);
+    for (int b = 0; b < nb; b++) amx_btile(q4, t + (size_t)b * pb, bt + (size_t)b * 512);
+    for (int r0 = 0; r0 < M; r0 += 16) {
+      int nr = M - r0 < 16 ? M - r0 : 16;
+      amx_rows_any(q4, nr, hi + (int64_t)r0 * K, lo + (int64_t)r0 * K, K, nb, bt, dh, mh,
+                   ds + (size_t)(r0 / 16) * nb * 32, out);
+      for (int i = 0; i < nr; i++) tile_row_out(y + (int64_t)(r0 + i) * y_stride + c, out[i], tw);
+    }
+  }
+  _tile_release();
+}
+#endif
+
+/* 4: the int16-activation GEMM on AMX tiles (from AMX_MIN_M rows), AVX-512 VNNI below; 3: AVX-512
+ * VNNI; 2: AVX2; 0: portable C. */
+int infer_kernels_isa(void) {
+#if defined(I8_AMX)
+  return amx_on() ? 4 : 3;
+#elif defined(I8_VNNI)
+  return 3;
+#elif defined(__AVX2__)
+  return 2;
+#else
+  return 0;
+#endif
+}
+
 /* Output columns [n0, n1) of the integer-activation product for all rows of a (see above). */
 static void i8_gemm(int kind, const i8_act *a, int M, const void *w, const uint8_t *tiles,
                     const float *bias, int n0, int n1, float *y, int64_t y_stride) {
@@ -1355,6 +1532,12 @@ static void i8_gemm(int kind, const i8_act *a, int M, const void *w, const uint8
     x16 = t;
   }
   if (tiles && (M < TILES_MIN_M || quads || n0 % TW)) tiles = NULL;
+#ifdef I8_AMX
+  if (tiles && a->q16 && M >= (q4 ? AMX_MIN_M : AMX_MIN_M8) && amx_on()) {
+    amx_i16_gemm(q4, a, x16, M, tiles, n0, n1, y, y_stride);
+    goto bias;
+  }
+#endif
   if (M <= in_place && !tiles) { /* the blocks read in place, two activation rows at a time */
     for (int m = 0; m < M; m += 2) int_rows(kind, w, a, x16, m, M - m < 2 ? M - m : 2, n0, n1, y, y_stride);
   } else { /* weight tiles packed at load (tiles), or repacked here per call into buf */
@@ -1413,6 +1596,9 @@ static void i8_gemm(int kind, const i8_act *a, int M, const void *w, const uint8
   (void)tiles;
   for (int m = 0; m < M; m++)
     for (int n = n0; n < n1; n++) y[(int64_t)m * y_stride + n] = int_dot_ref(kind, w, n, a, m);
+#endif
+#ifdef I8_AMX
+bias:
 #endif
   if (bias)
     for (int m = 0; m < M; m++)
