@@ -47,12 +47,11 @@ def one_batch(
     *, server_args: ServerArgs,
 ) -> None:
     """Prefill latency and decode throughput of one static batch per batch size."""
-    from infer.cli.bench_engine import make_core, run_one_batch, warmup
+    from infer.cli.bench_engine import make_ready_core, run_one_batch
 
     _check_lengths(input_len, output_len, runs, *batch_size)
     rng = random.Random(0)
-    core = make_core(server_args)
-    warmup(core, rng)
+    core = make_ready_core(server_args, rng)
     results = []
     for bs in batch_size:
         best = max((run_one_batch(core, bs, input_len, output_len, rng, tag=f"b{bs}r{i}")
@@ -80,14 +79,13 @@ def offline(
     *, server_args: ServerArgs,
 ) -> None:
     """N prompts through the engine at once; request and token throughput."""
-    from infer.cli.bench_engine import make_core, run_offline, warmup
+    from infer.cli.bench_engine import make_ready_core, run_offline
 
     _check_lengths(num_prompts, input_len, output_len)
     if not 0 < range_ratio <= 1:
         fail("--range-ratio must be in (0, 1]")
     rng = random.Random(0)
-    core = make_core(server_args)
-    warmup(core, rng)
+    core = make_ready_core(server_args, rng)
     result = run_offline(core, num_prompts, input_len, output_len, range_ratio, rng)
     _emit("offline", [result], result_file, {"model_path": server_args.model_path})
 
