@@ -52,8 +52,6 @@ static int g_threads = 1;
 
 void infer_set_threads(int n) { g_threads = n > 0 ? n : 1; }
 
-
-
 /* x [K] -> per 32-block codes q = round(x / d) with d = amax / qmax: int8 codes (qmax 127) into
  * q8, or (wide) int16 codes (qmax 32767) into q16; the scales d [K/32], d * sum(q) in s [K/32]
  * and, when isum is not NULL, sum(q) [K/32]. The AVX2 path computes exactly what the scalar loop
@@ -1343,9 +1341,9 @@ static inline void tile_row_out(float *dst, const float *src, int tw) {
  * 255 * 128, and 256 H + L is the block's integer dot, whose bound the tiles' comment gives. The
  * float steps after it are i8_tile's, in the same order, so every output is the same bits as
  * the register tiles' (and every other path's): which rows share an AMX tile, and whether a row
- * takes one at all, changes nothing. Two weight tiles (32 columns) at a time: tiles 0-1 hold the
- * activations (hi, lo), 2-3 the two weight tiles' B, 4-7 their H and L. Rows past M in a tile
- * read zero codes and are never stored. */
+ * takes one at all, changes nothing. One weight tile (16 columns) at a time: tile 0 holds the hi
+ * codes, 1 the lo codes, 2 the block's B, 4-5 and 6-7 two (H, L) pairs that alternate by block.
+ * Rows past M in a tile read zero codes and are never stored. */
 #ifndef AMX_MIN_M
 #define AMX_MIN_M 12 /* q4 weights: from 12 rows (below it the register tiles are faster) */
 #endif
