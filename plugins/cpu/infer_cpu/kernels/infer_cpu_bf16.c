@@ -1721,7 +1721,14 @@ void infer_bf16_screen_stats(int64_t *out) {
 
 int infer_bf16_screen_ok(void) {
 #ifdef BF16_AMX
-  return !amx_on(); /* AMX runs the bf16 head faster than the screen's vpdpbusd */
+  /* Not with AMX: the full head sums on AMX tiles there, whose bits differ from vdpbf16ps's
+   * (79 % of a random head's outputs, measured), and the candidates' exact logits
+   * (scr_exact_unit) are vdpbf16ps sums, so the screen's ids could part from the full head's
+   * argmax on a near tie. Measured with the screen forced on anyway (Intel Xeon with AMX, `infer
+   * bench one-batch`, bf16 SmolLM2, two alternating rounds): decode 1.06x at batch 1, 1.03-1.09x
+   * at 8, 1.00-1.01x at 32, so its candidates on AMX tiles (gathered columns as a B tile, the
+   * same chunks from zero: the full head's bits) would pay at small batches. */
+  return !amx_on();
 #else
   return 1;
 #endif
