@@ -1350,7 +1350,7 @@ static inline void tile_row_out(float *dst, const float *src, int tw) {
 #ifndef AMX_MIN_M8
 #define AMX_MIN_M8 32 /* q8 weights (the LM head) */
 #endif
-static __thread scratch tl_planes; /* the hi and lo codes, 16-row padded */
+static __thread scratch tl_planes; /* the hi and lo codes (16-row padded), B tiles and scales */
 
 /* hi, lo [Mp, K] (Mp = M rounded up to 16) <- x16 [M, K] split as above, zero rows past M. */
 static void amx_split(const int16_t *x16, int M, int Mp, int K, int8_t *hi, uint8_t *lo) {
@@ -1468,13 +1468,14 @@ static void amx_i16_gemm(int q4, const i8_act *a, const int16_t *x16, int M, con
   float *ds = (float *)(bt + bts); /* per row tile, per block: 16 dx then 16 sx (zeros past M) */
   amx_split(x16, M, Mp, K, hi, lo);
   for (int r0 = 0; r0 < Mp; r0 += 16)
-    for (int b = 0; b < nb; b++)
+    for (int b = 0; b < nb; b++) {
+      float *d = ds + (size_t)(r0 / 16) * nb * 32 + (size_t)b * 32;
       for (int i = 0; i < 16; i++) {
-        float *d = ds + (size_t)(r0 / 16) * nb * 32 + (size_t)b * 32;
         int m = r0 + i;
         d[i] = m < M ? a->d[(int64_t)m * nb + b] : 0.f;
         d[16 + i] = m < M ? a->s[(int64_t)m * nb + b] : 0.f;
       }
+    }
   static const uint8_t rows[8] = {16, 16, 8, 0, 16, 16, 16, 16};
   static const uint16_t colsb[8] = {32, 32, 64, 0, 64, 64, 64, 64};
   amx_configure(rows, colsb);
@@ -1535,13 +1536,15 @@ static void i8_gemm(int kind, const i8_act *a, int M, const void *w, const uint8
     x16 = t;
   }
   if (tiles && (M < TILES_MIN_M || quads || n0 % TW)) tiles = NULL;
+  int amx = 0; /* int16 codes on tiles packed at load, enough rows, the kernel's leave */
 #ifdef I8_AMX
-  if (tiles && a->q16 && M >= (q4 ? AMX_MIN_M : AMX_MIN_M8) && amx_on()) {
-    amx_i16_gemm(q4, a, x16, M, tiles, n0, n1, y, y_stride);
-    goto bias;
-  }
+  amx = tiles && a->q16 && M >= (q4 ? AMX_MIN_M : AMX_MIN_M8) && amx_on();
 #endif
-  if (M <= in_place && !tiles) { /* the blocks read in place, two activation rows at a time */
+  if (amx) {
+#ifdef I8_AMX
+    amx_i16_gemm(q4, a, x16, M, tiles, n0, n1, y, y_stride);
+#endif
+  } else if (M <= in_place && !tiles) { /* the blocks read in place, two activation rows at a time */
     for (int m = 0; m < M; m += 2) int_rows(kind, w, a, x16, m, M - m < 2 ? M - m : 2, n0, n1, y, y_stride);
   } else { /* weight tiles packed at load (tiles), or repacked here per call into buf */
     uint8_t *buf = tiles ? NULL : (uint8_t *)scratch_get(&tl_w, (size_t)nb * (tile_block(quads) + 2 * TW * sizeof(float)));
@@ -1599,9 +1602,6 @@ static void i8_gemm(int kind, const i8_act *a, int M, const void *w, const uint8
   (void)tiles;
   for (int m = 0; m < M; m++)
     for (int n = n0; n < n1; n++) y[(int64_t)m * y_stride + n] = int_dot_ref(kind, w, n, a, m);
-#endif
-#ifdef I8_AMX
-bias:
 #endif
   if (bias)
     for (int m = 0; m < M; m++)
