@@ -96,6 +96,10 @@ class EngineCore:
     def has_work(self) -> bool:
         return self.scheduler.has_work() or bool(self._pending) or self._inflight is not None
 
+    def prefill_pending(self) -> bool:
+        """Some request still has prompt tokens to run (waiting, or a chunked prefill)."""
+        return self.scheduler.prefill_pending()
+
     def step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
         prev, self._inflight = self._inflight, None

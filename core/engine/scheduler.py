@@ -101,6 +101,10 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def prefill_pending(self) -> bool:
+        """A request waits for admission or is part-way through a chunked prefill."""
+        return bool(self.waiting) or any(r.is_prefilling for r in self.running)
+
     # -- scheduling ----------------------------------------------------------------------------
     def schedule(self) -> ScheduleBatch | None:
         batch = self._schedule_once()

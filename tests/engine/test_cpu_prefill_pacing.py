@@ -54,3 +54,20 @@ def test_first_tokens_come_out_request_by_request(make_core):
     assert firsts[1] == {"r0": 1, "r1": 1, "r2": 1}  # r0's decode rode along with the prefills
     while core.has_work():
         core.step()
+
+
+def test_prefill_pending_until_the_last_prompt_token_ran(make_core):
+    """``EngineCore.prefill_pending`` (the engine loop's first-token hand-off asks it): true while
+    a prompt waits or is part-way through its chunks, false once every prompt has run; the same
+    four 300-token prompts take three 512-token steps."""
+    core = make_core()
+    assert not core.prefill_pending()
+    for i, p in enumerate(random_prompts(4, seed=7, lo=300, hi=301)):
+        core.add_request(core.make_request(f"r{i}", p, {"max_new_tokens": 4, "temperature": 0,
+                                                        "ignore_eos": True}))
+    pending = [core.prefill_pending()]
+    while core.has_work():
+        core.step()
+        pending.append(core.prefill_pending())
+    assert pending[:4] == [True, True, True, False]
+    assert not any(pending[3:])
