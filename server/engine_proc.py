@@ -10,11 +10,12 @@ signal the whole group). The first one is passed on to the HTTP process as ``Sig
 drains the running requests and then sends ``shutdown``; a second one ends the loop after the
 current step. The engine also stops when the HTTP process is gone.
 
-After a step whose outputs were all first tokens, when the next step only decodes (no prompt
-waits), the loop pauses for the platform's ``first_token_handoff_s`` (0.5 ms on the CPU, where the
-forward holds every core) so that the HTTP process can send them before the next step takes the
-cores. Not after a step that also produced other requests' later tokens: those stream every step
-anyway, and a pause there would lengthen every running request's inter-token latency.
+After a step whose outputs were all first tokens, at least one of them a streamed request's, when
+the next step only decodes (no prompt waits), the loop pauses for the platform's
+``first_token_handoff_s`` (0.5 ms on the CPU, where the forward holds every core) so that the
+HTTP process can send them before the next step takes the cores. Not after a step that also
+produced other requests' later tokens: those stream every step anyway, and a pause there would
+lengthen every running request's inter-token latency.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ class _EngineLoop:
         self.last_stats = 0.0
         platform = getattr(core, "platform", None)
         self.handoff_s = float(getattr(platform, "first_token_handoff_s", 0.0) or 0.0)
+        self.streamed: set[str] = set()  # running requests that stream (engine rids)
         if watchdog_s > 0:
             threading.Thread(target=self._watchdog, args=(watchdog_s,), daemon=True,
                              name="watchdog").start()
@@ -129,8 +131,9 @@ class _EngineLoop:
                 if outs:
                     wire = [_seq_output(o) for o in outs]
                     self.push.send_pyobj(ipc.Outputs(wire))
-                    if self.handoff_s and all(map(_first_token, wire)) and self._decode_next():
+                    if self.handoff_s and self._handoff(wire):
                         time.sleep(self.handoff_s)  # the platform's first_token_handoff_s
+                    self.streamed.difference_update(o.rid for o in wire if o.finished)
             now = time.monotonic()
             if now - self.last_stats > _STATS_PERIOD_S:
                 self.last_stats = now
@@ -139,10 +142,14 @@ class _EngineLoop:
                     logger.error("HTTP process exited; engine stops")
                     return
 
-    def _decode_next(self) -> bool:
-        """Is the next step a decode step of the running requests, with nobody's prompt waiting
-        (queued, part-way through a chunked prefill, or unread on the socket)? Only then is a
-        first token's hand-off free of cost to another request's first token."""
+    def _handoff(self, wire: list[ipc.SeqOutput]) -> bool:
+        """Pause before the next step? When this step's outputs were all first tokens, at least
+        one of a streamed request (a client waits for it), and the next step is a decode step of
+        the running requests with nobody's prompt waiting (queued, part-way through a chunked
+        prefill, or unread on the socket): only then does the pause cost no other request's
+        first token or inter-token latency."""
+        if not (all(map(_first_token, wire)) and any(o.rid in self.streamed for o in wire)):
+            return False
         pending = getattr(self.core, "prefill_pending", None)
         return (pending is not None and self.core.has_work() and not pending()
                 and not self.pull.poll(0))
@@ -187,7 +194,9 @@ class _EngineLoop:
                 msg.rid, msg.prompt_ids, msg.params, return_logprob=msg.return_logprob,
                 top_logprobs_num=msg.top_logprobs_num, logprob_start_len=msg.logprob_start_len,
                 stream=msg.stream, report_every=every)
-            self.core.add_request(req)
+            rids = self.core.add_request(req)
+            if msg.stream:  # its choices' engine rids (rid, or rid-<i> for n > 1)
+                self.streamed.update(rids or [msg.rid])
         except QueueFullError as err:
             self.push.send_pyobj(ipc.Rejected(msg.rid, 503, str(err)))
         except ValueError as err:

@@ -1,8 +1,9 @@
 """The engine loop's pause after first tokens (``Platform.first_token_handoff_s``): taken after a
-step whose outputs are all first tokens when the next step only decodes; never after a step that
-also streamed later tokens, after a request's only token, when the loop has nothing left to run,
-while a prompt waits (queued, part-way through a chunked prefill, or unread on the socket), or
-where the platform sets no pause."""
+step whose outputs are all first tokens, one at least of a streamed request, when the next step
+only decodes; never after a step that also streamed later tokens, after a request's only token,
+after first tokens that no client streams, when the loop has nothing left to run, while a prompt
+waits (queued, part-way through a chunked prefill, or unread on the socket), or where the
+platform sets no pause."""
 
 from __future__ import annotations
 
@@ -48,14 +49,23 @@ class _Core:
     def abort(self, rid: str) -> None:
         pass
 
+    def make_request(self, rid: str, *args, **kwargs) -> SimpleNamespace:
+        return SimpleNamespace(rid=rid)
+
+    def add_request(self, req: SimpleNamespace) -> list[str]:
+        return [req.rid]
+
     def stats(self) -> dict:
         return {}
 
 
 def _run(steps: list[list[SimpleNamespace]], handoff_s: float, monkeypatch,
-         prefill_after: frozenset[int] = frozenset(), unread_after: int = 0) -> list[tuple[int, float]]:
-    """The pauses the loop took, as (steps run before it, seconds); ``unread_after``: a message
-    reaches the engine's socket during that step (an abort of an unknown request)."""
+         prefill_after: frozenset[int] = frozenset(), unread_after: int = 0,
+         not_streamed: frozenset[str] = frozenset()) -> list[tuple[int, float]]:
+    """The pauses the loop took, as (steps run before it, seconds). Every request of ``steps``
+    arrives as an AddRequest before the loop starts, streamed unless in ``not_streamed``;
+    ``unread_after``: a message reaches the engine's socket during that step (an abort of an
+    unknown request)."""
     core = _Core(steps, handoff_s, prefill_after)
     total = len(steps)
     pauses: list[tuple[int, float]] = []
@@ -68,6 +78,11 @@ def _run(steps: list[list[SimpleNamespace]], handoff_s: float, monkeypatch,
     sender.connect("inproc://handoff-in")
     sink.bind("inproc://handoff-out")
     push.connect("inproc://handoff-out")
+    for rid in dict.fromkeys(o.rid for step in steps for o in step):
+        sender.send_pyobj(engine_proc.ipc.AddRequest(rid, [1, 2, 3, 4], None,
+                                                     stream=rid not in not_streamed))
+    while not pull.poll(0):
+        pass
     if unread_after:
         step = core.step
 
@@ -83,6 +98,9 @@ def _run(steps: list[list[SimpleNamespace]], handoff_s: float, monkeypatch,
     try:
         core.loop = engine_proc._EngineLoop(core, pull, push, watchdog_s=0)
         core.loop.run()
+        rids = {o.rid for step in steps for o in step}  # the finished ones are forgotten
+        assert core.loop.streamed == rids - not_streamed - {o.rid for step in steps for o in step
+                                                            if o.finished}
     finally:
         for sock in (push, pull, sender, sink):
             sock.close(linger=0)
@@ -121,6 +139,13 @@ def test_no_pause_while_a_message_is_unread(monkeypatch):
     steps = [[_out("a", 1)], [_out("b", 1)], [_out("a", 2, finished=True),
                                               _out("b", 2, finished=True)]]
     assert _run(steps, 0.002, monkeypatch, unread_after=1) == [(2, 0.002)]
+
+
+def test_pause_only_for_first_tokens_a_client_streams(monkeypatch):
+    steps = [[_out("a", 1), _out("b", 1)], [_out("a", 2), _out("b", 2)], [_out("c", 1)],
+             [_out("a", 3, finished=True), _out("b", 3, finished=True), _out("c", 2, finished=True)]]
+    assert _run(steps, 0.002, monkeypatch, not_streamed=frozenset("ac")) == [(1, 0.002)]
+    assert _run(steps, 0.002, monkeypatch, not_streamed=frozenset("ab")) == [(3, 0.002)]
 
 
 @pytest.mark.parametrize("handoff_s", [0.0, None])
