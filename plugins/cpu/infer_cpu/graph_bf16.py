@@ -122,7 +122,8 @@ class BF16DecodeStack:
         self.final_eps = float(norm.eps)
         self.lm_head = model.lm_head.bf16_packed
         # greedy steps: the head's int8 screen (argmax ids, exactly; the C file's "greedy LM
-        # head") where the library has it (AVX-512 VNNI, not AMX)
+        # head") where the library has it (AVX-512 VNNI; with AMX, whose tiles sum the full
+        # head, its exact candidates sum on tiles too)
         self.screen: kb.ScreenData | None = None
         if (lib.infer_bf16_screen_ok() and self.hidden % 4 == 0
                 and os.environ.get("INFER_CPU_GREEDY_SCREEN", "1") != "0"):

@@ -8,23 +8,26 @@ on against screen off, and a batch whose rows need logits."""
 from __future__ import annotations
 
 import ctypes
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from infer_cpu.kernels import bf16 as kb
 
+BF16_SOURCE = Path(kb.__file__).parent / "infer_cpu_bf16.c"
+
 pytestmark = pytest.mark.skipif(kb.load() is None or not kb.load().infer_bf16_screen_ok(),
-                                reason="no int8 screen in this build (AVX-512 VNNI without AMX)")
+                                reason="no int8 screen in this build (it needs AVX-512 VNNI)")
 
 
 
 def _head(h: torch.Tensor, w: kb.PackedBF16, screen: kb.ScreenData | None, threads: int = 2,
-          ids: bool | None = None) -> torch.Tensor:
+          ids: bool | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """Logits [B, V] or greedy ids [B] (``ids``; by default, where a screen is given) of rows h
-    [B, K] through the final norm (weight 1) and the head."""
+    [B, K] through the final norm (weight 1) and the head (of ``lib``, by default the plugin's)."""
     ids = screen is not None if ids is None else ids
-    lib = kb.load()
+    lib = lib or kb.load()
     b, k = h.shape
     v = w.out_features
     pos = torch.zeros(b, dtype=torch.int64)
@@ -151,6 +154,57 @@ def test_a_bound_without_its_terms_picks_wrong_columns():
         t.zero_()
     h = _rows(32, k, gen)
     assert not torch.equal(_head(h, packed, screen), _head(h, packed, None).argmax(-1))
+
+
+@pytest.fixture(scope="module")
+def vdp_lib(tmp_path_factory) -> ctypes.CDLL:
+    """This library built without AMX: its head sums with vdpbf16ps."""
+    from infer_cpu.native_build import compiler
+
+    cc = compiler()
+    if cc is None or kb.isa() != "amx_bf16":
+        pytest.skip("the head does not sum on AMX tiles here")
+    out = tmp_path_factory.mktemp("vdp") / "libvdp.so"
+    subprocess.run([cc, "-O3", "-march=native", "-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8",
+                    "-shared", "-fPIC", "-o", str(out), str(BF16_SOURCE), "-lm"],
+                   check=True, capture_output=True)
+    lib = kb.bind(ctypes.CDLL(str(out)))
+    assert lib.infer_bf16_isa() == 3
+    return lib
+
+
+def _order_flip(k: int = 576) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A row and two head columns whose logits order one way as the AMX tiles sum them and the
+    other way as vdpbf16ps does (found by a search over seeds and columns: a random column and
+    copies of it with two weights moved by one bf16 step; seed 8, copy 3747; the test checks that
+    the two libraries do order them apart)."""
+    gen = torch.Generator().manual_seed(8)
+    w0 = torch.randn(k, generator=gen) * 0.05
+    moved = torch.randint(0, k, (4096, 2), generator=gen)[3747]
+    w1 = w0.clone()
+    for i in moved.tolist():
+        w1[i] = w1[i] * (1 + 2 ** -7 * (1 if (3747 + i) % 2 else -1))
+    h = torch.randn(1, k, generator=gen)
+    h[:, 3] *= 40
+    return h, w0, w1
+
+
+def test_candidates_sum_as_the_full_head_does(vdp_lib):
+    """On AMX the full head's logits are AMX tile sums, so the screen's exact candidates must be
+    too: two near-equal columns that the tiles and vdpbf16ps order differently, among small ones,
+    both candidates (the int8 codes cannot tell them apart); the screened id is the tiles' argmax."""
+    h, a, b = _order_flip()
+    gen = torch.Generator().manual_seed(9)
+    w = torch.randn(300, a.numel(), generator=gen) * 0.01
+    w[40], w[170] = a, b
+    packed = kb.pack(w)
+    full = _head(h, packed, None)
+    assert full.argmax(-1).tolist() == [170]  # the tiles: column 170 by a float32 step or two
+    assert _head(h, packed, None, lib=vdp_lib).argmax(-1).tolist() == [40]  # vdpbf16ps: 40
+    _stats()
+    assert _head(h, packed, kb.ScreenData(w)).tolist() == [170]
+    rows, cands, whole_rows, units = _stats()
+    assert rows == 1 and cands >= 2 and whole_rows == 0 and units == 0  # the gathered candidates
 
 
 def _core(path: Path):

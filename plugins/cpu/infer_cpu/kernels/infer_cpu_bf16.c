@@ -1695,16 +1695,19 @@ static int64_t argmax_rule(const float *row, int V) {
 #define SCR_PF 1 /* the next column group's codes and pair lines prefetched (into L2) */
 #endif
 
-/* The exact logits of column block b of the activation row x (the head's own GEMM: the full
- * head's bits) into row[b * CB ...]. */
-static void head_block(const act_t *x, int64_t as, int K, const bf16 *head, int V, int b, float *row) {
-  gemm_blocks_ps(x, as, 1, (K + 1) / 2, head, (int64_t)((K + 1) / 2) * 32, NULL, V, b, b + 1, row, V, 0);
+/* The exact logits of column blocks [b0, b1) of the activation row x into row[b0 * CB ...], by
+ * the head's own GEMM (gemm_proj, as gemm_cols computes the full head: on AMX tiles where they
+ * take the head, whose sums differ from vdpbf16ps's, so the bits are the full head's on every
+ * CPU). */
+static void head_blocks(const act_t *x, int64_t as, int K, const bf16 *head, int V, int b0, int b1,
+                        float *row) {
+  gemm_proj(x, as, 1, (K + 1) / 2, head, NULL, V, b0, b1, row, V, 0);
 }
 
 /* argmax (argmax_rule) of every exact logit of the activation row x; row: scratch of
  * ceil(V / CB) * CB floats. */
 static int64_t head_argmax_full(const act_t *x, int64_t as, int K, const bf16 *head, int V, float *row) {
-  for (int b = 0; b < ceil_div(V, CB); b++) head_block(x, as, K, head, V, b, row);
+  head_blocks(x, as, K, head, V, 0, ceil_div(V, CB), row);
   return argmax_rule(row, V);
 }
 
@@ -1719,20 +1722,15 @@ void infer_bf16_screen_stats(int64_t *out) {
   out[3] = atomic_exchange(&g_scr_units, 0);
 }
 
-int infer_bf16_screen_ok(void) {
-#ifdef BF16_AMX
-  /* Not with AMX: the full head sums on AMX tiles there, whose bits differ from vdpbf16ps's
-   * (79 % of a random head's outputs, measured), and the candidates' exact logits
-   * (scr_exact_unit) are vdpbf16ps sums, so the screen's ids could part from the full head's
-   * argmax on a near tie. Measured with the screen forced on anyway (Intel Xeon with AMX, `infer
-   * bench one-batch`, bf16 SmolLM2, two alternating rounds): decode 1.06x at batch 1, 1.03-1.09x
-   * at 8, 1.00-1.01x at 32, so its candidates on AMX tiles (gathered columns as a B tile, the
-   * same chunks from zero: the full head's bits) would pay at small batches. */
-  return !amx_on();
-#else
-  return 1;
-#endif
-}
+/* With AMX too: the candidates' exact logits come from AMX tiles where the full head does
+ * (scr_exact_unit, head_blocks), so they are the full head's bits (which differ from
+ * vdpbf16ps's in most outputs: test_candidates_sum_as_the_full_head_does holds two columns that
+ * the two order apart). Intel Xeon with AMX, 2 cores, `infer bench one-batch` (bf16 SmolLM2,
+ * 128 / 64, INFER_CPU_GREEDY_SCREEN=1 against 0 alternating, five to seven rounds, a busy
+ * machine): at batch 1 decode 203-230 tok/s against 180-210 and the 128-token prefill with its
+ * first token 26.6-31.4 ms against 28.7-33.3 (medians about 1.08x and 3 ms); at 8 and 32 rows
+ * the same within the noise. */
+int infer_bf16_screen_ok(void) { return 1; }
 
 typedef struct {
   const infer_bf16_screen *sc;
@@ -1966,10 +1964,8 @@ static void scr_exact_unit(void *p, int u, int worker) {
     int32_t n_v = j->cc[(int64_t)v * j->B + m];
     if (n_v < 0) { /* more candidates than the unit kept: its columns exactly, all of them */
       int vb1 = (v + 1) * j->per < j->NB ? (v + 1) * j->per : j->NB;
-      for (int b = v * j->per; b < vb1; b++) {
-        head_block(x, j->as, j->K, j->head, j->V, b, wrow);
-        for (int n = b * CB; n < (b + 1) * CB && n < j->V; n++) SCR_CONSIDER(n, wrow[n]);
-      }
+      head_blocks(x, j->as, j->K, j->head, j->V, v * j->per, vb1, wrow);
+      for (int n = v * j->per * CB; n < vb1 * CB && n < j->V; n++) SCR_CONSIDER(n, wrow[n]);
       atomic_fetch_add(&g_scr_units, 1);
       continue;
     }
@@ -1979,27 +1975,57 @@ static void scr_exact_unit(void *p, int u, int worker) {
       if (cu[i] >= t) cand[nc++] = cn[i];
   }
   atomic_fetch_add(&g_scr_cands, nc);
+  int amx = 0;
+#ifdef BF16_AMX
+  /* where the full head sums on AMX tiles, the candidates do too: their gathered pairs as a B
+   * tile per k chunk, the row as a one-row A, the chunks in order from zero (amx_group's sums
+   * for each column: the same bits) */
+  static const uint8_t cand_rows[8] = {1, 1, 16, 0, 0, 0, 0, 0};
+  static const uint16_t cand_colsb[8] = {64, 64, 64, 0, 0, 0, 0, 0};
+  amx = nc > 0 && amx_takes(K2);
+  if (amx) amx_configure(cand_rows, cand_colsb);
+#endif
   for (int c0 = 0; c0 < nc && !bad; c0 += CB) {
     int cnt = nc - c0 < CB ? nc - c0 : CB;
     int32_t off[CB];
     for (int i = 0; i < CB; i++) /* lane i: its column's row of the row-major head */
       off[i] = cand[c0 + (i < cnt ? i : 0)] * j->K * 2;
     __m512i vo = _mm512_loadu_si512((const void *)off);
-    __m512 acc = _mm512_setzero_ps();
-    for (int k = 0; k < K2; k++) {
-      __m512i w = _mm512_i32gather_epi32(vo, (const void *)((const char *)j->sc->rows + (int64_t)k * 4), 1);
-      int32_t pair;
-      memcpy(&pair, x + 2 * k, sizeof pair);
-      acc = _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)_mm512_set1_epi32(pair));
+    float val[CB] __attribute__((aligned(64)));
+#ifdef BF16_AMX
+    if (amx) {
+      uint32_t bt[16][16] __attribute__((aligned(64)));
+      _tile_zero(0);
+      for (int k0 = 0; k0 < K2; k0 += 16) {
+        for (int k = 0; k < 16; k++)
+          _mm512_store_si512((void *)bt[k], _mm512_i32gather_epi32(
+                                                vo, (const void *)((const char *)j->sc->rows + (int64_t)(k0 + k) * 4), 1));
+        _tile_loadd(1, x + 2 * k0, 64);
+        _tile_loadd(2, bt, 64);
+        _tile_dpbf16ps(0, 1, 2);
+      }
+      _tile_stored(0, val, 64);
+    } else
+#endif
+    {
+      __m512 acc = _mm512_setzero_ps();
+      for (int k = 0; k < K2; k++) {
+        __m512i w = _mm512_i32gather_epi32(vo, (const void *)((const char *)j->sc->rows + (int64_t)k * 4), 1);
+        int32_t pair;
+        memcpy(&pair, x + 2 * k, sizeof pair);
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)_mm512_set1_epi32(pair));
+      }
+      _mm512_store_ps(val, acc);
     }
-    float val[CB];
-    _mm512_storeu_ps(val, acc);
     for (int i = 0; i < cnt; i++) {
       float e = val[i] + 0.f; /* as store16 */
       SCR_CONSIDER(cand[c0 + i], e);
     }
   }
 #undef SCR_CONSIDER
+#ifdef BF16_AMX
+  if (amx) _tile_release();
+#endif
   if (bad || best < 0) j->bad[m] = 1;
   else j->ids[m] = best;
 }
