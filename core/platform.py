@@ -60,11 +60,12 @@ class Platform:
     dist_backend: str = "gloo"
     default_attention_backend: str = "torch_native"
     default_graph_runner: str | None = None
-    # Seconds the server's engine process pauses after a step that produced the first token of
-    # a request it will keep working on, before its next step: where the forward occupies every
-    # core of the host, the HTTP process (and a client on the same host) otherwise waits for a
-    # core while the next step runs, and the first token reaches the client that much later.
-    # 0: no pause (a device runs the forward; the host's cores stay free).
+    # Seconds the server's engine process pauses after a step that produced only first tokens
+    # (streamed, with decode steps to follow; server/engine_proc.py says exactly when), before
+    # its next step: where the forward occupies every core of the host, the HTTP process (and a
+    # client on the same host) otherwise waits for a core while the next step runs, and the
+    # first token reaches the client that much later. 0: no pause (a device runs the forward;
+    # the host's cores stay free).
     first_token_handoff_s: float = 0.0
 
     def __init__(self, info: DeviceInfo) -> None:

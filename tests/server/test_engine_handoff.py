@@ -81,8 +81,7 @@ def _run(steps: list[list[SimpleNamespace]], handoff_s: float, monkeypatch,
     for rid in dict.fromkeys(o.rid for step in steps for o in step):
         sender.send_pyobj(engine_proc.ipc.AddRequest(rid, [1, 2, 3, 4], None,
                                                      stream=rid not in not_streamed))
-    while not pull.poll(0):
-        pass
+    assert pull.poll(5000)  # the requests are on the loop's socket
     if unread_after:
         step = core.step
 
@@ -90,8 +89,7 @@ def _run(steps: list[list[SimpleNamespace]], handoff_s: float, monkeypatch,
             outs = step()
             if total - len(core.steps) == unread_after:
                 sender.send_pyobj(engine_proc.ipc.AbortRequest("nobody"))
-                while not pull.poll(0):
-                    pass
+                assert pull.poll(5000)
             return outs
 
         core.step = step_then_message

@@ -96,8 +96,8 @@ class CpuPlatform(Platform):
     # alternating, 2-core Intel Xeon with AMX) had a median time to first token of 27-30 ms
     # with it against 30-36 ms without, in six pairs; a request whose only token is its first
     # (max_tokens 1: no step after it) took 26.5-27 ms. At 4 and 32 clients the pause is rarely
-    # taken (engine_proc: only after steps of first tokens alone) and the rows did not move
-    # beyond the machine's noise.
+    # taken (engine_proc: only after steps of streamed first tokens alone, with no prompt
+    # waiting) and the rows did not move beyond the machine's noise.
     first_token_handoff_s = 0.0005
 
     _share = 1  # ranks of a multi-rank executor on this host: they split its memory and cores
