@@ -111,7 +111,6 @@ class _EngineLoop:
         self.last_stats = 0.0
         platform = getattr(core, "platform", None)
         self.handoff_s = float(getattr(platform, "first_token_handoff_s", 0.0) or 0.0)
-        self.streamed: set[str] = set()  # running requests that stream (engine rids)
         if watchdog_s > 0:
             threading.Thread(target=self._watchdog, args=(watchdog_s,), daemon=True,
                              name="watchdog").start()
@@ -133,7 +132,6 @@ class _EngineLoop:
                     self.push.send_pyobj(ipc.Outputs(wire))
                     if self.handoff_s and self._handoff(wire):
                         time.sleep(self.handoff_s)  # the platform's first_token_handoff_s
-                    self.streamed.difference_update(o.rid for o in wire if o.finished)
             now = time.monotonic()
             if now - self.last_stats > _STATS_PERIOD_S:
                 self.last_stats = now
@@ -148,10 +146,11 @@ class _EngineLoop:
         the running requests with nobody's prompt waiting (queued, part-way through a chunked
         prefill, or unread on the socket): only then does the pause cost no other request's
         first token or inter-token latency."""
-        if not (all(map(_first_token, wire)) and any(o.rid in self.streamed for o in wire)):
-            return False
         pending = getattr(self.core, "prefill_pending", None)
-        return (pending is not None and self.core.has_work() and not pending()
+        streams = getattr(self.core, "streams", None)
+        if pending is None or streams is None or not all(map(_first_token, wire)):
+            return False
+        return (any(streams(o.rid) for o in wire) and self.core.has_work() and not pending()
                 and not self.pull.poll(0))
 
     def _check_signals(self) -> None:
@@ -194,9 +193,7 @@ class _EngineLoop:
                 msg.rid, msg.prompt_ids, msg.params, return_logprob=msg.return_logprob,
                 top_logprobs_num=msg.top_logprobs_num, logprob_start_len=msg.logprob_start_len,
                 stream=msg.stream, report_every=every)
-            rids = self.core.add_request(req)
-            if msg.stream:  # its choices' engine rids (rid, or rid-<i> for n > 1)
-                self.streamed.update(rids or [msg.rid])
+            self.core.add_request(req)
         except QueueFullError as err:
             self.push.send_pyobj(ipc.Rejected(msg.rid, 503, str(err)))
         except ValueError as err:

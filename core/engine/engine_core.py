@@ -100,6 +100,12 @@ class EngineCore:
         """Some request still has prompt tokens to run (waiting, or a chunked prefill)."""
         return self.scheduler.prefill_pending()
 
+    def streams(self, rid: str) -> bool:
+        """Is ``rid`` a live request (an engine rid: ``rid-<i>`` for a choice of n > 1) whose
+        client streams its tokens?"""
+        req = self.table.reqs.get(rid)
+        return req is not None and req.stream
+
     def step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
         prev, self._inflight = self._inflight, None

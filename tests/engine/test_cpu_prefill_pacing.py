@@ -71,3 +71,22 @@ def test_prefill_pending_until_the_last_prompt_token_ran(make_core):
         pending.append(core.prefill_pending())
     assert pending[:4] == [True, True, True, False]
     assert not any(pending[3:])
+
+
+def test_streams_names_live_streamed_requests(make_core):
+    """``EngineCore.streams`` (the engine loop's first-token hand-off asks it): true for a live
+    request added with ``stream=True``, its n > 1 choices included, false for one without and
+    once a request has finished."""
+    core = make_core()
+    params = {"max_new_tokens": 2, "temperature": 0, "ignore_eos": True}
+    prompt = random_prompts(1, seed=3, lo=10, hi=11)[0]
+    core.add_request(core.make_request("s", prompt, params, stream=True))
+    core.add_request(core.make_request("p", prompt, params))
+    rids = core.add_request(core.make_request("n", prompt, {**params, "n": 2, "temperature": 1.0},
+                                              stream=True))
+    assert rids == ["n-0", "n-1"]
+    assert [core.streams(r) for r in ("s", "p", "n-0", "n-1", "nobody")] == [True, False, True, True,
+                                                                            False]
+    while core.has_work():
+        core.step()
+    assert not any(core.streams(r) for r in ("s", "n-0", "n-1"))
