@@ -1934,11 +1934,18 @@ static void scr_unit(void *p, int u, int worker) {
   }
 }
 
+/* k pair k (two bf16, a dword) of the 16 head rows at byte offsets vo of rows */
+static inline __m512i cand_pairs(const bf16 *rows, __m512i vo, int k) {
+  return _mm512_i32gather_epi32(vo, (const void *)((const char *)rows + (int64_t)k * 4), 1);
+}
+
 /* Row u's candidates: those of every unit whose upper bound reaches the row's best lower
- * bound, computed exactly 16 at a time, the first maximum kept. Each lane runs column n's sums
- * as the head's tile does (vdpbf16ps over the k pairs in order, from zero): the same bits. Its
- * weights are gathered from the row-major head, where a column is 18 lines at K = 576 (in the
- * packed head, 288). Sets bad[u] where the row must take every logit. */
+ * bound, computed exactly 16 at a time, the first maximum kept. Each column's sums run as the
+ * full head's do (on AMX tiles where it takes them, else vdpbf16ps over the k pairs in order,
+ * from zero): the same bits. Its weights are gathered from the row-major head, where a column
+ * is 18 lines at K = 576 (in the packed head, 288). Sets bad[u] where the row must take every
+ * logit. */
+
 static void scr_exact_unit(void *p, int u, int worker) {
   const scr_job *j = (const scr_job *)p;
   int m = u, K2 = (j->K + 1) / 2;
@@ -1998,8 +2005,7 @@ static void scr_exact_unit(void *p, int u, int worker) {
       _tile_zero(0);
       for (int k0 = 0; k0 < K2; k0 += 16) {
         for (int k = 0; k < 16; k++)
-          _mm512_store_si512((void *)bt[k], _mm512_i32gather_epi32(
-                                                vo, (const void *)((const char *)j->sc->rows + (int64_t)(k0 + k) * 4), 1));
+          _mm512_store_si512((void *)bt[k], cand_pairs(j->sc->rows, vo, k0 + k));
         _tile_loadd(1, x + 2 * k0, 64);
         _tile_loadd(2, bt, 64);
         _tile_dpbf16ps(0, 1, 2);
@@ -2010,7 +2016,7 @@ static void scr_exact_unit(void *p, int u, int worker) {
     {
       __m512 acc = _mm512_setzero_ps();
       for (int k = 0; k < K2; k++) {
-        __m512i w = _mm512_i32gather_epi32(vo, (const void *)((const char *)j->sc->rows + (int64_t)k * 4), 1);
+        __m512i w = cand_pairs(j->sc->rows, vo, k);
         int32_t pair;
         memcpy(&pair, x + 2 * k, sizeof pair);
         acc = _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)_mm512_set1_epi32(pair));
