@@ -459,12 +459,14 @@ static inline void amx_store16(const float *v, const float *bias, int cols, void
 
 /* Rows [m0, m0 + lo + hi) of y for column blocks [b0, b1), with the tile rows configured as
  * lo (<= 16) and hi (<= 16): two blocks at a time, the weights' k chunks streamed once; pf: k
- * chunks to prefetch ahead (0: none). The weight tiles load with the T1 hint (tileloaddt1:
+ * chunks to prefetch ahead (0: none). Without prefetches (more than 32 rows: the GEMM reads the
+ * weights again for each group of 32 rows) the weight tiles load with the T1 hint (tileloaddt1:
  * not to be reused soon), so that a column pair's weights stream past the activation rows
- * instead of evicting them from L1, where the next pair reads them again (the weights are read
- * once per 32-row group). On an Intel Xeon with AMX, 2 threads, cpu_bf16_decode_micro.py --rev:
- * a 128-token prefill 1.03-1.04x, 4 x 128 1.05-1.07x, 1,024 tokens 1.07x, 32 decode rows with a
- * 128-token prompt 1.06x, decode steps 1.00-1.01x; the same sums. */
+ * instead of evicting them from L1, where the next pair reads them again. On an Intel Xeon with
+ * AMX, 2 threads, cpu_bf16_decode_micro.py --rev: a 128-token prefill 1.03-1.04x, 4 x 128
+ * 1.05-1.07x, 1,024 tokens 1.07x, 32 decode rows with a 128-token prompt 1.06x; the same sums.
+ * Decode steps (prefetched weights, read once) gained nothing from it in the micro-benchmark
+ * (1.00-1.02x) and lost in served inter-token latency, so they keep plain loads. */
 static void amx_group(const bf16 *act, int64_t xs, int m0, int lo, int hi, int K2, const bf16 *P,
                       int64_t ps, const float *bias, int N, int b0, int b1, void *y, int64_t ys,
                       int y_bf16, int pf) {
@@ -486,10 +488,16 @@ static void amx_group(const bf16 *act, int64_t xs, int m0, int lo, int hi, int K
         if (two) prefetch_span(w1 + (kc + 16 * pf) * 32, 1024);
       }
       _tile_loadd(4, x + 2 * kc, xsb);
-      _tile_stream_loadd(6, w0 + kc * 32, 64);
+      if (pf)
+        _tile_loadd(6, w0 + kc * 32, 64);
+      else
+        _tile_stream_loadd(6, w0 + kc * 32, 64);
       _tile_dpbf16ps(0, 4, 6);
       if (two) {
-        _tile_stream_loadd(7, w1 + kc * 32, 64);
+        if (pf)
+          _tile_loadd(7, w1 + kc * 32, 64);
+        else
+          _tile_stream_loadd(7, w1 + kc * 32, 64);
         _tile_dpbf16ps(1, 4, 7);
       }
       if (hi) {
