@@ -1597,12 +1597,11 @@ static void dec_down_unit(void *p, int u, int worker) {
 
 /* Phase C, unit = inter columns (all of them when inter is not a multiple of the column block):
  * the matching gate and up columns, then silu(g) * u of those columns, rounded to bf16, row by
- * row with the next row's columns prefetched: a row's are two short runs (the unit's columns
- * of gate and of up, inter floats apart; rows twice that), which the hardware
- * prefetchers did not fetch ahead: the SiLU loop stalled on them (perf: a third of its samples
- * on the gate's load). On an Intel Xeon with AMX, 2 threads
- * (cpu_bf16_decode_micro.py --rev): a 128-token prefill 1.03-1.04x, 4 x 128 1.05-1.08x, decode
- * steps 1.00-1.01x. */
+ * row with the next row's columns prefetched. A row's are two short runs (the unit's columns of
+ * gate and of up, inter floats apart; rows twice that) that the hardware prefetchers did not
+ * fetch ahead: the SiLU loop stalled on them (perf: a third of its samples on the gate's load).
+ * On an Intel Xeon with AMX, 2 threads (cpu_bf16_decode_micro.py --rev): a 128-token prefill
+ * 1.03-1.04x, 4 x 128 1.05-1.08x, decode steps 1.00-1.01x. */
 static void dec_mlp_unit(void *p, int u, int worker) {
   const dec_job *j = (const dec_job *)p;
   const bf16_step *st = j->st;
