@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
+import platform
+import subprocess
+
 import pytest
 
 
@@ -72,3 +76,35 @@ def tiny_bf16(tmp_path):
     save_tiny("llama", tmp_path, dtype=torch.bfloat16, vocab_size=len(tok) + 8,
               intermediate_size=160).save_pretrained(tmp_path)
     return tmp_path
+
+
+def _compile_bf16(tmp_path_factory, name: str, flags: list[str]) -> ctypes.CDLL:
+    """The bf16 kernel library built here with ``flags`` (bound as the plugin binds its own)."""
+    from infer_cpu.kernels import bf16 as kb
+    from infer_cpu.native_build import BF16_SOURCE, compiler
+
+    cc = compiler()
+    if cc is None or platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("needs a C compiler on x86-64")
+    out = tmp_path_factory.mktemp(name) / f"lib{name}.so"
+    subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", str(out), str(BF16_SOURCE), "-lm"],
+                   check=True, capture_output=True)
+    return kb.bind(ctypes.CDLL(str(out)))
+
+
+@pytest.fixture(scope="session")
+def compile_bf16():
+    """``_compile_bf16``, for tests' own builds of the bf16 library."""
+    return _compile_bf16
+
+
+@pytest.fixture(scope="module")
+def avx512_lib(tmp_path_factory) -> ctypes.CDLL:
+    """The bf16 library's vdpbf16ps path on a CPU that would take AMX tiles: built without them."""
+    if "avx512_bf16" not in open("/proc/cpuinfo").read():
+        pytest.skip("CPU without AVX-512 BF16")
+    lib = _compile_bf16(tmp_path_factory, "avx512", ["-O3", "-march=native", "-mno-amx-tile",
+                                                     "-mno-amx-bf16", "-mno-amx-int8"])
+    assert lib.infer_bf16_isa() == 3
+    return lib
+

@@ -8,14 +8,11 @@ on against screen off, and a batch whose rows need logits."""
 from __future__ import annotations
 
 import ctypes
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from infer_cpu.kernels import bf16 as kb
-
-BF16_SOURCE = Path(kb.__file__).parent / "infer_cpu_bf16.c"
 
 pytestmark = pytest.mark.skipif(kb.load() is None or not kb.load().infer_bf16_screen_ok(),
                                 reason="no int8 screen in this build (it needs AVX-512 VNNI)")
@@ -157,20 +154,12 @@ def test_a_bound_without_its_terms_picks_wrong_columns():
 
 
 @pytest.fixture(scope="module")
-def vdp_lib(tmp_path_factory) -> ctypes.CDLL:
-    """This library built without AMX: its head sums with vdpbf16ps."""
-    from infer_cpu.native_build import compiler
-
-    cc = compiler()
-    if cc is None or kb.isa() != "amx_bf16":
+def vdp_lib(avx512_lib) -> ctypes.CDLL:
+    """This library built without AMX (its head sums with vdpbf16ps), where the plugin's own
+    head sums on AMX tiles."""
+    if kb.isa() != "amx_bf16":
         pytest.skip("the head does not sum on AMX tiles here")
-    out = tmp_path_factory.mktemp("vdp") / "libvdp.so"
-    subprocess.run([cc, "-O3", "-march=native", "-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8",
-                    "-shared", "-fPIC", "-o", str(out), str(BF16_SOURCE), "-lm"],
-                   check=True, capture_output=True)
-    lib = kb.bind(ctypes.CDLL(str(out)))
-    assert lib.infer_bf16_isa() == 3
-    return lib
+    return avx512_lib
 
 
 def _order_flip(k: int = 576) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

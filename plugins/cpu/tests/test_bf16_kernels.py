@@ -14,7 +14,7 @@ import torch
 from infer.core.model.layers.rotary import rope_table
 from infer.core.ops.layer_ops import rms_norm_ref, rotary_ref, silu_and_mul_ref
 from infer_cpu.kernels import bf16 as kb
-from infer_cpu.native_build import BF16_SOURCE, compiler
+from infer_cpu.native_build import compiler
 
 pytestmark = pytest.mark.skipif(kb.load() is None, reason=f"bf16 kernels unavailable: {kb.detail()}")
 
@@ -138,37 +138,16 @@ def test_inputs_the_kernel_does_not_take_give_none():
 
 # -- the other ISA paths, compiled here with fewer flags -------------------------------------------
 
-def _compile(tmp_path_factory, name: str, flags: list[str]) -> ctypes.CDLL:
-    cc = compiler()
-    if cc is None or platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("needs a C compiler on x86-64")
-    out = tmp_path_factory.mktemp(name) / f"lib{name}.so"
-    subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", str(out), str(BF16_SOURCE), "-lm"],
-                   check=True, capture_output=True)
-    return kb.bind(ctypes.CDLL(str(out)))
-
-
 @pytest.fixture(scope="module")
-def avx2_lib(tmp_path_factory) -> ctypes.CDLL:
-    lib = _compile(tmp_path_factory, "avx2", ["-O3", "-mavx2", "-mfma", "-fopenmp"])
+def avx2_lib(tmp_path_factory, compile_bf16) -> ctypes.CDLL:
+    lib = compile_bf16(tmp_path_factory, "avx2", ["-O3", "-mavx2", "-mfma", "-fopenmp"])
     assert lib.infer_bf16_isa() == 2
     return lib
 
 
 @pytest.fixture(scope="module")
-def avx512_lib(tmp_path_factory) -> ctypes.CDLL:
-    """The vdpbf16ps path on a CPU that would take AMX tiles: built without them."""
-    if "avx512_bf16" not in open("/proc/cpuinfo").read():
-        pytest.skip("CPU without AVX-512 BF16")
-    lib = _compile(tmp_path_factory, "avx512", ["-O3", "-march=native", "-mno-amx-tile",
-                                                "-mno-amx-bf16", "-mno-amx-int8"])
-    assert lib.infer_bf16_isa() == 3
-    return lib
-
-
-@pytest.fixture(scope="module")
-def portable_lib(tmp_path_factory) -> ctypes.CDLL:
-    lib = _compile(tmp_path_factory, "portable", ["-O2"])
+def portable_lib(tmp_path_factory, compile_bf16) -> ctypes.CDLL:
+    lib = compile_bf16(tmp_path_factory, "portable", ["-O2"])
     assert lib.infer_bf16_isa() == 0
     return lib
 

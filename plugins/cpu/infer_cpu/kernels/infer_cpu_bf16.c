@@ -1967,7 +1967,6 @@ static inline __m512i cand_pairs(const bf16 *rows, __m512i vo, int k) {
  * from zero): the same bits. Its weights are gathered from the row-major head, where a column
  * is 18 lines at K = 576 (in the packed head, 288). Sets bad[u] where the row must take every
  * logit. */
-
 static void scr_exact_unit(void *p, int u, int worker) {
   const scr_job *j = (const scr_job *)p;
   int m = u, K2 = (j->K + 1) / 2;
