@@ -5,7 +5,7 @@ alternating, in one run.
     python benchmarks/cpu_bf16_decode_micro.py --rev 95f99ae [--batch 1 32] [--context 160]
                                                [--threads 1 2] [--rounds 2] [--mixed N]
                                                [--prefill L] [--check-bits]
-                                               [--page 1 --interleave 128]
+                                               [--page 1 --interleave 128] [--greedy]
 
 SmolLM2-135M's shapes (30 layers, hidden 576, 9 query / 3 KV heads of 64, MLP 1536, vocabulary
 49,152) with random bf16 weights and a random bf16 KV cache of ``--context`` tokens per sequence
@@ -30,6 +30,7 @@ from pathlib import Path
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS, VOCAB, PAGE = 576, 9, 3, 64, 1536, 30, 49152, 16
 INTERLEAVE = 0  # --interleave
+GREEDY = False  # --greedy
 
 
 def build_rev(rev: str, out_dir: Path) -> Path:
@@ -84,7 +85,10 @@ class Stack:
         self.slots = torch.tensor([int(self.bt[b, (n - 1) // PAGE]) * PAGE + (n - 1) % PAGE
                                    for b, n in enumerate(self.lens.tolist())], dtype=torch.int64)
         self.cos_sin = rope_table(HEAD_DIM, 4096, {"rope_theta": 10000.0})
-        self.lm = packed(VOCAB, HIDDEN)
+        w = (torch.randn(VOCAB, HIDDEN, generator=g) * HIDDEN ** -0.5).bfloat16()
+        self.lm = kb.pack(w)
+        self.screen = kb.ScreenData(w) if GREEDY else None  # --greedy: the int8 screen's ids
+        self.ids = torch.empty(batch, dtype=torch.int64)
         self.final_norm = torch.ones(HIDDEN)
         self.logits = torch.empty(batch, VOCAB)
         self.h0 = torch.randn(batch, HIDDEN, generator=g)
@@ -150,7 +154,8 @@ class Stack:
            1e-5, self.pos.data_ptr(), self.cos_sin.data_ptr(), HEAD_DIM, self.slots.data_ptr(),
            self.bt.data_ptr(), self.bt.stride(0), self.lens.data_ptr(), PAGE, HEAD_DIM ** -0.5,
            threads, self.final_norm.data_ptr(), 1e-5, self.lm.data.data_ptr(), VOCAB,
-           self.logits.data_ptr(), None, None)  # logits (an older revision ignores the two)
+           *((None, ctypes.byref(self.screen.struct), self.ids.data_ptr()) if self.screen
+             else (self.logits.data_ptr(), None, None)))  # (an older revision ignores the two)
         return time.perf_counter() - t
 
 
@@ -176,9 +181,14 @@ def main() -> None:
                          "L-token prompt (infer_bf16_forward_layers; tok/s counts prompt tokens)")
     ap.add_argument("--check-bits", action="store_true",
                     help="also compare one step's logits of the two libraries, bit for bit")
+    ap.add_argument("--greedy", action="store_true",
+                    help="decode steps that return greedy ids through the LM head's int8 screen "
+                         "(the engine's greedy steps) instead of logits; --check-bits compares ids")
     args = ap.parse_args()
-    global PAGE, INTERLEAVE
-    PAGE, INTERLEAVE = args.page, args.interleave
+    global PAGE, INTERLEAVE, GREEDY
+    PAGE, INTERLEAVE, GREEDY = args.page, args.interleave, args.greedy
+    if args.greedy and (args.mixed or args.prefill):
+        raise SystemExit("--greedy times decode steps: leave out --mixed and --prefill")
     if args.mixed and args.prefill:
         raise SystemExit("--mixed and --prefill are two different steps: give one")
 
@@ -206,8 +216,13 @@ def main() -> None:
                         stack.prefill_step(fn, 2, args.prefill)
                     else:
                         stack.step(fn, 2)
-                    outs.append(stack.logits if not (args.mixed or args.prefill)
+                    outs.append(stack.ids.clone() if args.greedy
+                                else stack.logits if not (args.mixed or args.prefill)
                                 else stack.logits_out)
+                if args.greedy:
+                    print(f"batch {batch}: greedy ids "
+                          f"{'the same' if torch.equal(outs[0], outs[1]) else 'DIFFER'}")
+                    continue
                 same = torch.equal(outs[0].view(torch.int32), outs[1].view(torch.int32))
                 print(f"batch {batch}: logits {'the same bits' if same else 'DIFFER'} "
                       f"(largest difference {(outs[0] - outs[1]).abs().max().item():.3g})")

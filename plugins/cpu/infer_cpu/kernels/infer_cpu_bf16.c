@@ -1672,8 +1672,9 @@ static void norm_rows(dec_job *j, const float *w, int nt) {
  * argmax's, exactly.
  *
  * The bound, for activations x (the bf16 rows the GEMM reads) and weights W_n:
- *   the SCR_P k pairs with the batch's largest |x| are taken exactly (vdpbf16ps on the bf16
- *   head; the residual stream's few large channels would otherwise set the int8 scale), the
+ *   the SCR_P k pairs with the batch's largest |x| (SCR_P_WIDE in a batch of SCR_P_ROWS rows
+ *   or more) are taken exactly (vdpbf16ps on the bf16 head; the residual stream's few large
+ *   channels would otherwise set the int8 scale), the
  *   rest xr is quantised per row: x^ = rint(xr / s_x), s_x = max|xr| / 127, and
  *   approx = s_x s_n sum(x^ q_n) + sum_pairs(x W_n). Then
  *   |sum(xr W_n) - s_x s_n sum(x^ q_n)| <= ||xr|| ||W_n - s_n q_n|| + s_n ||q_n|| ||xr - s_x x^||
@@ -1710,7 +1711,20 @@ static int64_t argmax_rule(const float *row, int V) {
 
 #if defined(BF16_DP) && defined(__AVX512VNNI__)
 #define SCR 1
+#ifndef SCR_P
 #define SCR_P 8    /* k pairs taken exactly */
+#endif
+/* k pairs taken exactly in a batch of SCR_P_ROWS rows or more: the more rows, the more of them
+ * have a large channel outside the batch's top 8 pairs, which then sets the row's int8 scale
+ * and widens its bound. SmolLM2's bf16 head on 32 rows of its final hidden states (random-id
+ * prompts): 287 exact candidates a row with 8 pairs, 41 with 16 (and 25 with 32, whose pairs
+ * cost more than they save); 24 rows 209 against 39, 16 rows 118 against 27. */
+#ifndef SCR_P_WIDE
+#define SCR_P_WIDE 16
+#endif
+#ifndef SCR_P_ROWS
+#define SCR_P_ROWS 24
+#endif
 #define SCR_CAP 256 /* candidates a unit keeps per row */
 #define SCR_TM 4   /* rows per register tile */
 #ifndef SCR_PF
@@ -1760,8 +1774,10 @@ typedef struct {
   int64_t as;
   const bf16 *head; /* the pair-packed bf16 head */
   int B, K, K4, V, NB, per, np;
-  int32_t pairs[SCR_P];
+  int32_t pairs[SCR_P_WIDE > SCR_P ? SCR_P_WIDE : SCR_P];
   const uint8_t *xu;  /* [B][K] u8 codes: rint(xr / s_x) + 128 */
+  int amx;            /* the integer dots on AMX tiles (scr_amx_dots) */
+  int32_t *idots;     /* with amx: [workers][B][TB][CB] a column group's dots */
   const float *rowf;  /* [B][4]: s_x, ||xr||, ||xr - s_x x^||, 2 gamma ||x|| (rounded up) */
   float *lo;          /* [units][B] the unit's largest lower bound */
   _Atomic uint32_t *top; /* [B] the largest lower bound any unit has found so far (float bits) */
@@ -1865,6 +1881,64 @@ static inline __attribute__((always_inline)) void scr_pairs(const bf16 *P0, int6
     for (int bb = 0; bb < tb; bb++) _mm512_storeu_ps(out[m][bb], e[m][bb]);
 }
 
+#ifdef BF16_AMX
+/* Rows of the screen that take the AMX tiles for their integer dots (below it the register
+ * tiles are as fast: the codes stream from memory either way). The head's greedy ids alone
+ * (SmolLM2's bf16 head, 49,152 x 576, on its own final hidden states, 2 threads, Intel Xeon
+ * with AMX; /tmp-built libraries alternating in one process): 32 rows 3.02 ms with the
+ * register tiles and 8 pairs, 2.47 on tiles, 1.78 on tiles with 16 pairs (the full head on
+ * tiles: 2.8); 24 rows 2.17 / 1.75 / 1.74; 16 rows 1.60 / 1.18; 8 rows 1.07 / 0.98; 1 row
+ * (register tiles) 0.76. */
+#ifndef SCR_AMX_MIN
+#define SCR_AMX_MIN 8
+#endif
+/* out[m][bb] (int32 x 16 columns, m < B, bb < tb) = the integer dots of scr_tile for every row
+ * of the batch and the tb blocks at q0, on tiles (tdpbusd: u8 activations, s8 codes; the codes'
+ * [K / 4][16][4] layout is the B tile's, 16 quads a tile): the same exact int32 sums. Rows in
+ * groups of 32 (tiles 0-1 and 4: rows [0, 16); 2-3 and 5: the rest), blocks two at a time;
+ * K a multiple of 64. */
+static void scr_amx_dots(const int8_t *q0, int K4, const uint8_t *xu, int K, int B, int tb,
+                         int32_t out[][TB][CB]) {
+  int64_t os = (int64_t)TB * CB * 4; /* bytes a row of out */
+  for (int r0 = 0; r0 < B; r0 += 32) {
+    int rows = B - r0 < 32 ? B - r0 : 32, lo = rows < 16 ? rows : 16, hi = rows - lo;
+    amx_load_config(lo, hi);
+    const uint8_t *x0 = xu + (int64_t)r0 * K, *x1 = x0 + (int64_t)16 * K;
+    for (int bb = 0; bb < tb; bb += 2) {
+      int two = bb + 1 < tb;
+      const int8_t *w0 = q0 + (int64_t)bb * K4 * 64, *w1 = w0 + (int64_t)K4 * 64;
+      _tile_zero(0);
+      _tile_zero(1);
+      if (hi) {
+        _tile_zero(2);
+        _tile_zero(3);
+      }
+      for (int k = 0; k < K; k += 64) {
+        _tile_loadd(4, x0 + k, K);
+        _tile_loadd(6, w0 + k * 16, 64);
+        _tile_dpbusd(0, 4, 6);
+        if (two) {
+          _tile_loadd(7, w1 + k * 16, 64);
+          _tile_dpbusd(1, 4, 7);
+        }
+        if (hi) {
+          _tile_loadd(5, x1 + k, K);
+          _tile_dpbusd(2, 5, 6);
+          if (two) _tile_dpbusd(3, 5, 7);
+        }
+      }
+      _tile_stored(0, out[r0][bb], os);
+      if (two) _tile_stored(1, out[r0][bb + 1], os);
+      if (hi) {
+        _tile_stored(2, out[r0 + 16][bb], os);
+        if (two) _tile_stored(3, out[r0 + 16][bb + 1], os);
+      }
+    }
+  }
+  _tile_release();
+}
+#endif
+
 static void scr_unit(void *p, int u, int worker) {
   const scr_job *j = (const scr_job *)p;
   const infer_bf16_screen *sc = j->sc;
@@ -1890,6 +1964,13 @@ static void scr_unit(void *p, int u, int worker) {
     int64_t nx_len = nx ? (int64_t)(b1 - b - TB < TB ? b1 - b - TB : TB) * K4 * 64 : 0;
     int tiles = ceil_div(j->B, SCR_TM);
     int64_t nx_step = 64 * ceil_div((int)(nx_len / 64), tiles), nx_at = 0;
+    int32_t(*dots)[TB][CB] = NULL; /* the AMX tiles' dots of every row */
+#ifdef BF16_AMX
+    if (j->amx) {
+      dots = (int32_t(*)[TB][CB])(j->idots + (int64_t)worker * j->B * TB * CB);
+      scr_amx_dots(q0, K4, j->xu, j->K, j->B, tb, dots);
+    }
+#endif
     for (int m0 = 0; m0 < j->B; m0 += SCR_TM) {
       int tm = j->B - m0 < SCR_TM ? j->B - m0 : SCR_TM;
       for (int64_t e = nx_at + nx_step; nx_at < nx_len && nx_at < e; nx_at += 64)
@@ -1902,11 +1983,12 @@ static void scr_unit(void *p, int u, int worker) {
       const act_t *xn = j->xn + (int64_t)m0 * j->as;
       if (tm == SCR_TM && tb == TB) { /* constant sizes: the sums stay in registers */
         scr_pairs(P0, ps, xn, j->as, j->pairs, j->np, SCR_TM, TB, ex);
-        scr_tile(q0, K4, xu, j->K, SCR_TM, TB, iacc);
+        if (!dots) scr_tile(q0, K4, xu, j->K, SCR_TM, TB, iacc);
       } else {
         scr_pairs(P0, ps, xn, j->as, j->pairs, j->np, tm, tb, ex);
-        scr_tile(q0, K4, xu, j->K, tm, tb, iacc);
+        if (!dots) scr_tile(q0, K4, xu, j->K, tm, tb, iacc);
       }
+      int32_t(*id)[TB][CB] = dots ? dots + m0 : iacc;
       for (int m = 0; m < tm; m++) {
         const float *rf = j->rowf + (int64_t)(m0 + m) * 4;
         __m512 sx = _mm512_set1_ps(rf[0]), ra = _mm512_set1_ps(rf[1]), rr = _mm512_set1_ps(rf[2]),
@@ -1918,7 +2000,7 @@ static void scr_unit(void *p, int u, int worker) {
           real[bb] = n0 + CB <= j->V ? 0xFFFF : (__mmask16)((1u << (j->V - n0)) - 1);
           __m512 ip = _mm512_mul_ps(
               _mm512_mul_ps(sx, _mm512_loadu_ps(sc->scale + n0)),
-              _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(iacc[m][bb]),
+              _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(id[m][bb]),
                                                   _mm512_loadu_si512(sc->qsum + n0))));
           __m512 e = _mm512_loadu_ps(ex[m][bb]);
           ap[bb] = _mm512_add_ps(ip, e);
@@ -2090,7 +2172,8 @@ static void head_greedy(const act_t *xn, int64_t as, int B, int K, const bf16 *h
         float a = fabsf(x[(int64_t)m * K + k]);
         if (a > pm[k / 2]) pm[k / 2] = a;
       }
-  j.np = K2 < SCR_P ? K2 : SCR_P;
+  j.np = B >= SCR_P_ROWS ? SCR_P_WIDE : SCR_P;
+  j.np = K2 < j.np ? K2 : j.np;
   for (int i = 0; i < j.np; i++) {
     int best = -1;
     for (int k = 0; k < K2; k++)
@@ -2152,7 +2235,12 @@ static void head_greedy(const act_t *xn, int64_t as, int B, int K, const bf16 *h
     memcpy(&bits, &ninf, sizeof bits);
     atomic_init(j.top + m, bits);
   }
+#ifdef BF16_AMX
+  j.amx = B >= SCR_AMX_MIN && K % 64 == 0 && amx_on();
+  if (j.amx) j.idots = (int32_t *)aligned_alloc(64, sizeof(int32_t) * (size_t)nt * B * TB * CB);
+#endif
   pool_run(scr_unit, &j, units, nt);
+  free(j.idots);
   j.bad = bad;
   j.ids = ids;
   j.cand = (int32_t *)malloc(sizeof(int32_t) * (size_t)nt * units * SCR_CAP);
