@@ -1714,11 +1714,13 @@ static int64_t argmax_rule(const float *row, int V) {
 #ifndef SCR_P
 #define SCR_P 8    /* k pairs taken exactly */
 #endif
-/* k pairs taken exactly in a batch of SCR_P_ROWS rows or more: the more rows, the more of them
- * have a large channel outside the batch's top 8 pairs, which then sets the row's int8 scale
- * and widens its bound. SmolLM2's bf16 head on 32 rows of its final hidden states (random-id
- * prompts): 287 exact candidates a row with 8 pairs, 41 with 16 (and 25 with 32, whose pairs
- * cost more than they save); 24 rows 209 against 39, 16 rows 118 against 27. */
+/* k pairs taken exactly in a batch of SCR_P_ROWS rows or more, and wherever the AMX tiles
+ * take the screen (one tile holds 16 pairs): the more rows, the more of them have a large
+ * channel outside the batch's top 8 pairs, which then sets the row's int8 scale and widens its
+ * bound. SmolLM2's bf16 head on 32 rows of its final hidden states (random-id prompts): 287
+ * exact candidates a row with 8 pairs, 41 with 16 (25 with 32 on the register tiles, whose
+ * pairs cost more than they save); 24 rows 209 against 39, 16 rows 118 against 27, 8 rows 89
+ * against 16. */
 #ifndef SCR_P_WIDE
 #define SCR_P_WIDE 16
 #endif
@@ -1776,8 +1778,10 @@ typedef struct {
   int B, K, K4, V, NB, per, np;
   int32_t pairs[SCR_P_WIDE > SCR_P ? SCR_P_WIDE : SCR_P];
   const uint8_t *xu;  /* [B][K] u8 codes: rint(xr / s_x) + 128 */
-  int amx;            /* the integer dots on AMX tiles (scr_amx_dots) */
+  int amx;            /* the integer dots and the exact pairs on AMX tiles (scr_amx_dots) */
   int32_t *idots;     /* with amx: [workers][B][TB][CB] a column group's dots */
+  float *epairs;      /* with amx: [workers][B][TB][CB] its exact pairs' sums */
+  uint32_t *xp;       /* with amx: [B][16] each row's exact pairs (bf16 pairs; zero past np) */
   const float *rowf;  /* [B][4]: s_x, ||xr||, ||xr - s_x x^||, 2 gamma ||x|| (rounded up) */
   float *lo;          /* [units][B] the unit's largest lower bound */
   _Atomic uint32_t *top; /* [B] the largest lower bound any unit has found so far (float bits) */
@@ -1882,13 +1886,14 @@ static inline __attribute__((always_inline)) void scr_pairs(const bf16 *P0, int6
 }
 
 #ifdef BF16_AMX
-/* Rows of the screen that take the AMX tiles for their integer dots (below it the register
- * tiles are as fast: the codes stream from memory either way). The head's greedy ids alone
- * (SmolLM2's bf16 head, 49,152 x 576, on its own final hidden states, 2 threads, Intel Xeon
- * with AMX; /tmp-built libraries alternating in one process): 32 rows 3.02 ms with the
- * register tiles and 8 pairs, 2.47 on tiles, 1.78 on tiles with 16 pairs (the full head on
- * tiles: 2.8); 24 rows 2.17 / 1.75 / 1.74; 16 rows 1.60 / 1.18; 8 rows 1.07 / 0.98; 1 row
- * (register tiles) 0.76. */
+_Static_assert(SCR_P <= 16 && SCR_P_WIDE <= 16, "the AMX screen's exact pairs fill one tile");
+/* Rows of the screen that take the AMX tiles for their integer dots and exact pairs (below it
+ * the register tiles are as fast: the codes stream from memory either way). The head's greedy
+ * ids alone (SmolLM2's bf16 head, 49,152 x 576, on its own final hidden states, 2 threads,
+ * Intel Xeon with AMX, libraries alternating in one process), the register tiles with 8 pairs
+ * against the tiles with 16: 32 rows 2.57 -> 1.42 ms (the full head on tiles: 2.8); 24 rows
+ * 2.02 -> 1.38; 16 rows 1.36 -> 1.07; 8 rows 0.95 -> 0.92; 1 row (register tiles) 0.68. The
+ * dots alone on tiles, pairs on registers: 32 rows 2.47 against 3.02 in another run. */
 #ifndef SCR_AMX_MIN
 #define SCR_AMX_MIN 8
 #endif
@@ -1896,10 +1901,21 @@ static inline __attribute__((always_inline)) void scr_pairs(const bf16 *P0, int6
  * of the batch and the tb blocks at q0, on tiles (tdpbusd: u8 activations, s8 codes; the codes'
  * [K / 4][16][4] layout is the B tile's, 16 quads a tile): the same exact int32 sums. Rows in
  * groups of 32 (tiles 0-1 and 4: rows [0, 16); 2-3 and 5: the rest), blocks two at a time;
- * K a multiple of 64. */
+ * K a multiple of 64. Then ex[m][bb] = the exact pairs' sums (scr_pairs' values, summed on the
+ * tiles in their own order, which the bound allows: any order), with the same tile shapes: A the
+ * rows' 16 pairs (xp: zero past np, which adds nothing), B each block's 16 pair lines of the
+ * packed bf16 head (P0, ps elements a block) gathered into bt. */
 static void scr_amx_dots(const int8_t *q0, int K4, const uint8_t *xu, int K, int B, int tb,
-                         int32_t out[][TB][CB]) {
-  int64_t os = (int64_t)TB * CB * 4; /* bytes a row of out */
+                         const bf16 *P0, int64_t ps, const int32_t *pairs, int np,
+                         const uint32_t *xp, int32_t out[][TB][CB], float ex[][TB][CB]) {
+  int64_t os = (int64_t)TB * CB * 4; /* bytes a row of out and of ex */
+  uint8_t bt[TB][16][64] __attribute__((aligned(64)));
+  for (int bb = 0; bb < tb; bb++)
+    for (int i = 0; i < 16; i++) {
+      __m512i v = _mm512_setzero_si512();
+      if (i < np) v = _mm512_loadu_si512((const void *)(P0 + bb * ps + (int64_t)pairs[i] * 32));
+      _mm512_store_si512((void *)bt[bb][i], v);
+    }
   for (int r0 = 0; r0 < B; r0 += 32) {
     int rows = B - r0 < 32 ? B - r0 : 32, lo = rows < 16 ? rows : 16, hi = rows - lo;
     amx_load_config(lo, hi);
@@ -1933,6 +1949,27 @@ static void scr_amx_dots(const int8_t *q0, int K4, const uint8_t *xu, int K, int
         _tile_stored(2, out[r0 + 16][bb], os);
         if (two) _tile_stored(3, out[r0 + 16][bb + 1], os);
       }
+      /* the exact pairs of the same rows and blocks */
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_loadd(4, xp + (int64_t)r0 * 16, 64);
+      _tile_loadd(6, bt[bb], 64);
+      _tile_dpbf16ps(0, 4, 6);
+      if (two) {
+        _tile_loadd(7, bt[bb + 1], 64);
+        _tile_dpbf16ps(1, 4, 7);
+      }
+      _tile_stored(0, ex[r0][bb], os);
+      if (two) _tile_stored(1, ex[r0][bb + 1], os);
+      if (hi) {
+        _tile_zero(2);
+        _tile_zero(3);
+        _tile_loadd(5, xp + (int64_t)(r0 + 16) * 16, 64);
+        _tile_dpbf16ps(2, 5, 6);
+        if (two) _tile_dpbf16ps(3, 5, 7);
+        _tile_stored(2, ex[r0 + 16][bb], os);
+        if (two) _tile_stored(3, ex[r0 + 16][bb + 1], os);
+      }
     }
   }
   _tile_release();
@@ -1964,11 +2001,13 @@ static void scr_unit(void *p, int u, int worker) {
     int64_t nx_len = nx ? (int64_t)(b1 - b - TB < TB ? b1 - b - TB : TB) * K4 * 64 : 0;
     int tiles = ceil_div(j->B, SCR_TM);
     int64_t nx_step = 64 * ceil_div((int)(nx_len / 64), tiles), nx_at = 0;
-    int32_t(*dots)[TB][CB] = NULL; /* the AMX tiles' dots of every row */
+    int32_t(*dots)[TB][CB] = NULL; /* the AMX tiles' dots and pairs of every row */
+    float(*pairs)[TB][CB] = NULL;
 #ifdef BF16_AMX
     if (j->amx) {
       dots = (int32_t(*)[TB][CB])(j->idots + (int64_t)worker * j->B * TB * CB);
-      scr_amx_dots(q0, K4, j->xu, j->K, j->B, tb, dots);
+      pairs = (float(*)[TB][CB])(j->epairs + (int64_t)worker * j->B * TB * CB);
+      scr_amx_dots(q0, K4, j->xu, j->K, j->B, tb, P0, ps, j->pairs, j->np, j->xp, dots, pairs);
     }
 #endif
     for (int m0 = 0; m0 < j->B; m0 += SCR_TM) {
@@ -1981,14 +2020,15 @@ static void scr_unit(void *p, int u, int worker) {
             __builtin_prefetch(P0 + (TB + bb) * ps + (int64_t)j->pairs[i] * 32, 0, 2);
       const uint8_t *xu = j->xu + (int64_t)m0 * j->K;
       const act_t *xn = j->xn + (int64_t)m0 * j->as;
-      if (tm == SCR_TM && tb == TB) { /* constant sizes: the sums stay in registers */
+      if (!dots && tm == SCR_TM && tb == TB) { /* constant sizes: the sums stay in registers */
         scr_pairs(P0, ps, xn, j->as, j->pairs, j->np, SCR_TM, TB, ex);
-        if (!dots) scr_tile(q0, K4, xu, j->K, SCR_TM, TB, iacc);
-      } else {
+        scr_tile(q0, K4, xu, j->K, SCR_TM, TB, iacc);
+      } else if (!dots) {
         scr_pairs(P0, ps, xn, j->as, j->pairs, j->np, tm, tb, ex);
-        if (!dots) scr_tile(q0, K4, xu, j->K, tm, tb, iacc);
+        scr_tile(q0, K4, xu, j->K, tm, tb, iacc);
       }
       int32_t(*id)[TB][CB] = dots ? dots + m0 : iacc;
+      float(*ep)[TB][CB] = dots ? pairs + m0 : ex;
       for (int m = 0; m < tm; m++) {
         const float *rf = j->rowf + (int64_t)(m0 + m) * 4;
         __m512 sx = _mm512_set1_ps(rf[0]), ra = _mm512_set1_ps(rf[1]), rr = _mm512_set1_ps(rf[2]),
@@ -2002,7 +2042,7 @@ static void scr_unit(void *p, int u, int worker) {
               _mm512_mul_ps(sx, _mm512_loadu_ps(sc->scale + n0)),
               _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(id[m][bb]),
                                                   _mm512_loadu_si512(sc->qsum + n0))));
-          __m512 e = _mm512_loadu_ps(ex[m][bb]);
+          __m512 e = _mm512_loadu_ps(ep[m][bb]);
           ap[bb] = _mm512_add_ps(ip, e);
           __m512 d = _mm512_fmadd_ps(ra, _mm512_loadu_ps(sc->err + n0),
                                      _mm512_fmadd_ps(rr, _mm512_loadu_ps(sc->qnorm + n0),
@@ -2172,7 +2212,10 @@ static void head_greedy(const act_t *xn, int64_t as, int B, int K, const bf16 *h
         float a = fabsf(x[(int64_t)m * K + k]);
         if (a > pm[k / 2]) pm[k / 2] = a;
       }
-  j.np = B >= SCR_P_ROWS ? SCR_P_WIDE : SCR_P;
+#ifdef BF16_AMX
+  j.amx = B >= SCR_AMX_MIN && K % 64 == 0 && amx_on();
+#endif
+  j.np = j.amx || B >= SCR_P_ROWS ? SCR_P_WIDE : SCR_P; /* on tiles 16 pairs cost as 8 do */
   j.np = K2 < j.np ? K2 : j.np;
   for (int i = 0; i < j.np; i++) {
     int best = -1;
@@ -2236,11 +2279,19 @@ static void head_greedy(const act_t *xn, int64_t as, int B, int K, const bf16 *h
     atomic_init(j.top + m, bits);
   }
 #ifdef BF16_AMX
-  j.amx = B >= SCR_AMX_MIN && K % 64 == 0 && amx_on();
-  if (j.amx) j.idots = (int32_t *)aligned_alloc(64, sizeof(int32_t) * (size_t)nt * B * TB * CB);
+  if (j.amx) {
+    j.idots = (int32_t *)aligned_alloc(64, sizeof(int32_t) * (size_t)nt * B * TB * CB);
+    j.epairs = (float *)aligned_alloc(64, sizeof(float) * (size_t)nt * B * TB * CB);
+    j.xp = (uint32_t *)calloc((size_t)B * 16, sizeof(uint32_t));
+    for (int m = 0; m < B; m++)
+      for (int i = 0; i < j.np; i++)
+        memcpy(j.xp + (int64_t)m * 16 + i, xn + (int64_t)m * as + 2 * j.pairs[i], sizeof(uint32_t));
+  }
 #endif
   pool_run(scr_unit, &j, units, nt);
   free(j.idots);
+  free(j.epairs);
+  free(j.xp);
   j.bad = bad;
   j.ids = ids;
   j.cand = (int32_t *)malloc(sizeof(int32_t) * (size_t)nt * units * SCR_CAP);
