@@ -154,6 +154,7 @@ class NativeDecodeGraph(GraphRunner):
         head = getattr(model.lm_head, "qweight", None)
         if head is not None and hugepages.enabled():  # the LM head, run after the call
             head.blocks = hugepages.rehome(head.blocks)
+        self.q8_screen = self._q8_screen(model, head)
         a0 = layers[0].self_attn
         self.heads, self.kv_heads, self.head_dim = a0.num_heads, a0.num_kv_heads, a0.head_dim
         self.hidden = layers[0].mlp.down_proj.out_features
@@ -173,6 +174,25 @@ class NativeDecodeGraph(GraphRunner):
             self.threads = kb.ThreadChoice(torch.get_num_threads(), fixed)
             self.extend_threads = kb.ThreadChoice(torch.get_num_threads(), fixed, max_first=True)
         self.extend = os.environ.get("INFER_CPU_GGUF_NATIVE_PREFILL", "1") != "0"
+
+    @staticmethod
+    def _q8_screen(model: Any, head: Any) -> kernels.Q8ScreenData | None:
+        """The greedy steps' screen of the LM head (``kernels.q8_head_greedy``: argmax ids,
+        exactly, with exact logits only for the columns it cannot rule out) where the head is the
+        plugin's Q8_0 GEMM with int16 activations on one rank, the model's logits are the base
+        ``compute_logits`` (final norm, then the head), and the library screens on AMX tiles.
+        ``INFER_CPU_GREEDY_SCREEN=0`` turns it off."""
+        from infer.core.model.models.base import DecoderOnlyLM
+
+        from infer_cpu.quant.packing import KIND_I16
+
+        if (head is None or head.kind != 8 | KIND_I16 or getattr(model.lm_head, "tp_size", 1) != 1
+                or head.in_features % 64 or head.in_features > 2048
+                or type(model).compute_logits is not DecoderOnlyLM.compute_logits
+                or os.environ.get("INFER_CPU_GREEDY_SCREEN", "1") == "0"
+                or not kernels.q8_screen_available()):
+            return None
+        return kernels.Q8ScreenData(head)
 
     def _wire_all_reduce(self, comm: Any) -> None:
         """The communicator's C all-reduce if it has one (the shared-memory segment), else a
@@ -251,6 +271,13 @@ class NativeDecodeGraph(GraphRunner):
             raise RuntimeError(self._comm.native_error())
         if choice is not None:
             choice.record(h.shape[0], threads, time.perf_counter() - t0)
+        if self.q8_screen is not None and getattr(batch, "greedy_ids", False):
+            # greedy rows: argmax ids of the head's exact logits, screened (ModelRunner's
+            # ``greedy_ids`` contract)
+            ids = kernels.q8_head_greedy(
+                model.model.norm(h.index_select(0, batch.logits_indices)).contiguous(), self.q8_screen)
+            if ids is not None:
+                return ids
         return model.compute_logits(h, batch)
 
 

@@ -72,9 +72,12 @@ _SIGNATURES = {
     "infer_decode_layers": [ctypes.POINTER(Layer), _I, _P, _I, _I, _I, _I, _I, _I, _F, _P, _P, _I,
                             _P, _P, _L, _P, _I, _F, _P, _P, _I],
     "infer_pool_swaps": [_I],
+    "infer_q8_screen_ok": [],
+    "infer_q8_head_greedy": [_P, _L, _I, _I, _P, _P, _I, _P],
 }
 _RESTYPES = {"infer_kernels_isa": _I, "infer_embed_rows": _L, "infer_decode_layers": _I,
-             "infer_tiles_bytes": ctypes.c_size_t, "infer_pool_swaps": _I}
+             "infer_tiles_bytes": ctypes.c_size_t, "infer_pool_swaps": _I,
+             "infer_q8_screen_ok": _I, "infer_q8_head_greedy": _I}
 
 
 @dataclass
@@ -313,6 +316,105 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor | None:
     lib.infer_argmax_rows(logits.data_ptr(), logits.stride(0), logits.shape[0], logits.shape[1],
                           out.data_ptr())
     return out
+
+
+class Q8Screen(ctypes.Structure):
+    """The greedy Q8_0 head's screen (the C ``infer_q8_screen``; ``Q8ScreenData`` builds it)."""
+
+    _fields_ = [("q", _P), ("scale", _P), ("csum", _P), ("err", _P), ("qnorm", _P),
+                ("wnorm", _P), ("K", _I)]
+
+
+@dataclass
+class ColumnCodes:
+    """An LM head [V, K]'s int8 copy for a greedy screen (the C files' "greedy LM head"s): per
+    column n the scale s_n = max|w_n| / 127 and codes c_n = rint(w_n / s_n), packed
+    [ceil(V / 16), K / 4, 16, 4] (the AMX B tile's layout) on huge pages (streamed every greedy
+    step), and the bound's column terms, computed in float64 and rounded up: ``offset`` sum(c_n)
+    (the activation codes' offset), ||w_n - s_n c_n||, s_n ||c_n||, ||w_n||. Padding columns
+    are 0 throughout."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    csum: torch.Tensor
+    err: torch.Tensor
+    qnorm: torch.Tensor
+    wnorm: torch.Tensor
+
+    BLOCK = 16
+
+    @classmethod
+    def of(cls, w: torch.Tensor, offset: int) -> ColumnCodes:
+        from infer_cpu import hugepages
+
+        v, k = w.shape
+        nb = -(-v // cls.BLOCK)
+        out = cls(hugepages.alloc(nb * cls.BLOCK * k).view(torch.int8).view(nb, k // 4, cls.BLOCK, 4),
+                  torch.empty(nb * cls.BLOCK), torch.empty(nb * cls.BLOCK, dtype=torch.int32),
+                  *(torch.empty(nb * cls.BLOCK) for _ in range(3)))
+        up = 1 + 2.0 ** -20  # float64 norms rounded to float32: a relative nudge upward
+        step = 256 * cls.BLOCK  # columns a pass: float64 temporaries of 4,096 x K, not of V x K
+        for r0 in range(0, nb * cls.BLOCK, step):
+            r1 = min(r0 + step, nb * cls.BLOCK)
+            wd = torch.zeros(r1 - r0, k, dtype=torch.float64)  # padding columns stay 0
+            wd[:max(0, min(v, r1) - r0)] = w[r0:min(v, r1)].double()
+            scale = (wd.abs().amax(dim=1) / 127).float()  # the scale the kernels multiply by
+            s64 = scale.double()
+            q = torch.where(s64[:, None] > 0, torch.round(wd / s64.clamp_min(1e-300)[:, None]),
+                            torch.zeros_like(wd)).clamp(-127, 127)
+            out.codes[r0 // cls.BLOCK:r1 // cls.BLOCK] = (
+                q.to(torch.int8).reshape(-1, cls.BLOCK, k // 4, 4).permute(0, 2, 1, 3))
+            out.scale[r0:r1] = scale
+            out.csum[r0:r1] = (offset * q.sum(dim=1)).to(torch.int32)
+            out.err[r0:r1] = ((wd - s64[:, None] * q).norm(dim=1) * up).float()
+            out.qnorm[r0:r1] = (s64 * q.norm(dim=1) * up).float()
+            out.wnorm[r0:r1] = (wd.norm(dim=1) * up).float()
+        return out
+
+    def pointers(self) -> tuple[int, ...]:
+        """(codes, scale, csum, err, qnorm, wnorm) as the C structs take them."""
+        return tuple(t.data_ptr() for t in (self.codes, self.scale, self.csum, self.err,
+                                            self.qnorm, self.wnorm))
+
+
+class Q8ScreenData:
+    """What ``q8_head_greedy`` screens greedy rows of a Q8_0 LM head with (the C file's "greedy
+    Q8_0 LM head"): the dequantized head's ``ColumnCodes`` (offset 8192: the 14-bit activation
+    codes' offset), and the head's blocks, which the candidates' exact logits read. ``struct``
+    is the C view."""
+
+    def __init__(self, w: QWeight) -> None:
+        v, k = w.out_features, w.in_features
+        if w.block_kind != 8 or k % 64 or k > 2048:
+            raise ValueError("the Q8_0 screen needs Q8_0 blocks and K a multiple of 64, at most "
+                             f"2048 (kind {w.block_kind}, K {k})")
+        self.head = w.blocks
+        self.cols = ColumnCodes.of(w.dequantize(), 8192)  # float32 [V, K]: exact
+        self.err, self.qnorm, self.wnorm = self.cols.err, self.cols.qnorm, self.cols.wnorm
+        self.out_features, self.in_features = v, k
+        self.full_rows = 0  # rows of the last call that took every logit (tests, benchmarks)
+        self.struct = Q8Screen(*self.cols.pointers(), k)
+
+
+def q8_screen_available() -> bool:
+    """Whether this build screens a Q8_0 head (AMX int8 tiles)."""
+    lib = load()
+    return lib is not None and bool(lib.infer_q8_screen_ok())
+
+
+def q8_head_greedy(x: torch.Tensor, screen: Q8ScreenData) -> torch.Tensor | None:
+    """x [B, K] float32 (the final-normed rows) -> int64 [B]: exactly ``fgemm(x, head).argmax(-1)``
+    for the head ``screen`` was built from (kind 8 | KIND_I16: int16 activations), its exact
+    logits computed only for the columns the screen cannot rule out. None if it does not fit."""
+    lib = load()
+    if (lib is None or not _f32_rows(x) or x.shape[1] != screen.in_features or x.shape[0] == 0
+            or not lib.infer_q8_screen_ok()):
+        return None
+    ids = torch.empty(x.shape[0], dtype=torch.int64)
+    screen.full_rows = lib.infer_q8_head_greedy(x.data_ptr(), x.stride(0), x.shape[0], x.shape[1],
+                                                ctypes.byref(screen.struct), screen.head.data_ptr(),
+                                                screen.out_features, ids.data_ptr())
+    return ids
 
 
 def embed_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor | None:

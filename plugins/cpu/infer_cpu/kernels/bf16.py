@@ -262,38 +262,16 @@ class ScreenData:
     candidates' exact dots read. ``struct`` is the C view."""
 
     def __init__(self, w: torch.Tensor) -> None:
-        from infer_cpu import hugepages
+        from infer_cpu.kernels import ColumnCodes
 
-        v, k = w.shape
+        k = w.shape[1]
         if k % 4:
             raise ValueError(f"the screen needs K a multiple of 4, not {k}")
-        nb = -(-v // BLOCK)
         self.rows = w.detach().to(device="cpu", dtype=torch.bfloat16).contiguous()
-        # streamed every greedy step: on huge pages
-        self.codes = hugepages.alloc(nb * BLOCK * k).view(torch.int8).view(nb, k // 4, BLOCK, 4)
-        self.scale = torch.empty(nb * BLOCK)  # the scale the kernel multiplies by, float32
-        self.qsum = torch.empty(nb * BLOCK, dtype=torch.int32)
-        self.err, self.qnorm, self.wnorm = (torch.empty(nb * BLOCK) for _ in range(3))
-        up = 1 + 2.0 ** -20  # float64 norms rounded to float32: a relative nudge upward
-        step = 256 * BLOCK  # columns a pass: float64 temporaries of 4,096 x K, not of V x K
-        for r0 in range(0, nb * BLOCK, step):
-            r1 = min(r0 + step, nb * BLOCK)
-            wd = torch.zeros(r1 - r0, k, dtype=torch.float64)  # padding columns stay 0
-            wd[:max(0, min(v, r1) - r0)] = self.rows[r0:min(v, r1)].double()
-            scale = (wd.abs().amax(dim=1) / 127).float()
-            s64 = scale.double()
-            q = torch.where(s64[:, None] > 0, torch.round(wd / s64.clamp_min(1e-300)[:, None]),
-                            torch.zeros_like(wd)).clamp(-127, 127)
-            self.codes[r0 // BLOCK:r1 // BLOCK] = (
-                q.to(torch.int8).reshape(-1, BLOCK, k // 4, 4).permute(0, 2, 1, 3))
-            self.scale[r0:r1] = scale
-            self.qsum[r0:r1] = (128 * q.sum(dim=1)).to(torch.int32)
-            self.err[r0:r1] = ((wd - s64[:, None] * q).norm(dim=1) * up).float()
-            self.qnorm[r0:r1] = (s64 * q.norm(dim=1) * up).float()
-            self.wnorm[r0:r1] = (wd.norm(dim=1) * up).float()
-        self.struct = Screen(self.codes.data_ptr(), self.scale.data_ptr(), self.qsum.data_ptr(),
-                             self.err.data_ptr(), self.qnorm.data_ptr(), self.wnorm.data_ptr(),
-                             self.rows.data_ptr(), k)
+        cols = ColumnCodes.of(self.rows, 128)  # the u8 activation codes' offset
+        self.codes, self.scale, self.qsum = cols.codes, cols.scale, cols.csum
+        self.err, self.qnorm, self.wnorm = cols.err, cols.qnorm, cols.wnorm
+        self.struct = Screen(*cols.pointers(), self.rows.data_ptr(), k)
 
 
 def pack(w: torch.Tensor) -> PackedBF16:

@@ -33,6 +33,7 @@
 #endif
 #include "infer_cpu_vmath.h"
 #include "infer_cpu_attn.h"
+#include "infer_cpu_screen.h"
 #define POOL_SWAPS_FN infer_bf16_pool_swaps
 #include "infer_cpu_pool.h"
 
@@ -1795,47 +1796,6 @@ typedef struct {
   int64_t *ids;
 } scr_job;
 
-/* Keep column n (upper bound up) for row slot (cn, cu, cc) if up >= t; compact when full. */
-static inline void scr_keep(int32_t *cn, float *cu, int32_t *cc, float t, int n, float up) {
-  if (*cc < 0 || up < t) return;
-  if (*cc == SCR_CAP) {
-    int k = 0;
-    for (int i = 0; i < SCR_CAP; i++)
-      if (cu[i] >= t) {
-        cn[k] = cn[i];
-        cu[k++] = cu[i];
-      }
-    if (k == SCR_CAP) {
-      *cc = -1;
-      return;
-    }
-    *cc = k;
-  }
-  cn[*cc] = n;
-  cu[(*cc)++] = up;
-}
-
-/* top[m] = max(top[m], t) (t a float; the bits of floats compare as the floats do only for
- * non-negative values, so the comparison is on the floats). Returns the new maximum. */
-static inline float scr_raise(_Atomic uint32_t *top, float t) {
-  uint32_t old = atomic_load_explicit(top, memory_order_relaxed), want;
-  float cur;
-  do {
-    memcpy(&cur, &old, sizeof cur);
-    if (!(t > cur)) return cur;
-    memcpy(&want, &t, sizeof want);
-  } while (!atomic_compare_exchange_weak_explicit(top, &old, want, memory_order_relaxed,
-                                                  memory_order_relaxed));
-  return t;
-}
-
-static inline float scr_top(_Atomic uint32_t *top) {
-  uint32_t bits = atomic_load_explicit(top, memory_order_relaxed);
-  float t;
-  memcpy(&t, &bits, sizeof t);
-  return t;
-}
-
 /* The int8 register tile: acc[m][bb] (int32 x 16 columns) = sum over k of the u8 activations
  * of row m (xu, row stride xs bytes) and the codes of block bb (q0, K4 quads a block). */
 static inline __attribute__((always_inline)) void scr_tile(const int8_t *q0, int K4,
@@ -2057,8 +2017,8 @@ static void scr_unit(void *p, int u, int worker) {
         float t = _mm512_reduce_max_ps(lmax);
         if (t > lo[m0 + m]) lo[m0 + m] = t;
         t = lo[m0 + m];
-        float g = scr_top(j->top + m0 + m);
-        if (t > g) g = scr_raise(j->top + m0 + m, t);
+        float g = screen_top(j->top + m0 + m);
+        if (t > g) g = screen_raise(j->top + m0 + m, t);
         t = g > t ? g : t;
         int32_t *cn = j->cn + ((int64_t)u * j->B + m0 + m) * SCR_CAP;
         float *cu = j->cu + ((int64_t)u * j->B + m0 + m) * SCR_CAP;
@@ -2070,7 +2030,7 @@ static void scr_unit(void *p, int u, int worker) {
             float upv[CB];
             _mm512_storeu_ps(upv, up);
             for (int c = 0; c < CB; c++)
-              if (keep >> c & 1) scr_keep(cn, cu, cc + m0 + m, t, n0 + c, upv[c]);
+              if (keep >> c & 1) screen_keep(cn, cu, cc + m0 + m, SCR_CAP, t, n0 + c, upv[c]);
           }
         }
       }
@@ -2093,7 +2053,7 @@ static void scr_exact_unit(void *p, int u, int worker) {
   const scr_job *j = (const scr_job *)p;
   int m = u, K2 = (j->K + 1) / 2;
   if (j->bad[m]) return;
-  float t = scr_top(j->top + m);
+  float t = screen_top(j->top + m);
   int32_t *cand = j->cand + (int64_t)worker * j->units * SCR_CAP;
   float *wrow = j->wrow + (int64_t)worker * j->NB * CB;
   const act_t *x = j->xn + (int64_t)m * j->as;
@@ -2272,12 +2232,7 @@ static void head_greedy(const act_t *xn, int64_t as, int B, int K, const bf16 *h
   j.cn = cn_keep = (int32_t *)grow(cn_keep, &cn_n, (size_t)units * B * SCR_CAP, sizeof(int32_t));
   j.cu = cu_keep = (float *)grow(cu_keep, &cu_n, (size_t)units * B * SCR_CAP, sizeof(float));
   j.top = (_Atomic uint32_t *)malloc(sizeof(_Atomic uint32_t) * (size_t)B);
-  for (int m = 0; m < B; m++) {
-    float ninf = -INFINITY;
-    uint32_t bits;
-    memcpy(&bits, &ninf, sizeof bits);
-    atomic_init(j.top + m, bits);
-  }
+  for (int m = 0; m < B; m++) screen_init_top(j.top + m);
 #ifdef BF16_AMX
   if (j.amx) {
     j.idots = (int32_t *)aligned_alloc(64, sizeof(int32_t) * (size_t)nt * B * TB * CB);

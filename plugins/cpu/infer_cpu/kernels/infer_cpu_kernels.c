@@ -42,6 +42,7 @@
 #endif
 #include "infer_cpu_vmath.h"
 #include "infer_cpu_amx.h"
+#include "infer_cpu_screen.h"
 #include "infer_cpu_attn.h"
 #define POOL_SWAPS_FN infer_pool_swaps
 #include "infer_cpu_pool.h"
@@ -2246,3 +2247,291 @@ int infer_decode_layers(const infer_layer *layers, int n_layers, float *h, int B
   return failed ? -1 : 0;
 }
 
+
+/* ---- greedy Q8_0 LM head: an int8 screen on AMX tiles, exact logits only for the candidates ----
+ * Greedy rows need argmax(logits), not the logits (as the bf16 library's greedy head: its
+ * comment has the argument). The exact logit E_n of a row x is the int16-activation GEMM's
+ * (i8_gemm with kind 8 | KIND_I16, whichever tiles: the same bits). The screen approximates
+ * sum_k x_k w_nk with the row quantized to 14-bit codes with one scale, X = rint(x / s_x),
+ * |X| <= 8191, s_x = max|x| / 8191 (no channel needs taking apart: the few large channels of a
+ * residual stream keep the others 1/8191 of the largest, where 8-bit codes had 1/127), against
+ * an int8 copy of the head with one scale a column (w_n ~ s_n c_n, |c| <= 127). On AMX tiles,
+ * U = X + 8192 in [1, 16383] splits into u8 hi = U >> 8 and lo = U & 255, so that
+ * sum(X c) = 256 sum(hi c) + sum(lo c) - 8192 sum(c), exact in int32 (|sum(X c)| <= 8191 * 127 K
+ * < 2^31 for K <= 2048; the intermediate sums wrap), and approx_n = s_x s_n sum(X c). The bound:
+ *   |E_n - sum(xh w_n)| <= gamma ||xh|| ||w_n||   (xh: the GEMM's own int16 codes times their
+ *     block scales; the float chain over the blocks, any order: gamma for K / 32 + 3 roundings)
+ *   |sum(xh w_n) - sum(x w_n)| <= ||x - xh|| ||w_n||   (each code within 0.51 of x / d_b)
+ *   |sum(x w_n) - approx_n| <= ||x|| ||w_n - s_n c_n|| + s_n ||c_n|| ||x - s_x X||
+ * (Cauchy-Schwarz), with the column terms from the packer (float64, rounded up) and the row
+ * terms in double, rounded up; B adds 2^-10 of itself and 2^-20 of |approx| for its own float
+ * evaluation and approx's. Candidates: upper bound approx + B at least the row's best lower
+ * bound; a row with a non-finite value, or a unit with more candidates than it keeps, takes
+ * every logit. */
+typedef struct {
+  const int8_t *q;     /* [NB][K / 4][16][4]: column n's codes, 4 k at a time (the B tile layout) */
+  const float *scale;  /* [NB * 16] s_n (0 on padding columns) */
+  const int32_t *csum; /* [NB * 16] 8192 sum_k c_n[k] */
+  const float *err;    /* [NB * 16] ||w_n - s_n c_n|| */
+  const float *qnorm;  /* [NB * 16] s_n ||c_n|| */
+  const float *wnorm;  /* [NB * 16] ||w_n|| */
+  int K;               /* a multiple of 64 */
+} infer_q8_screen;
+
+#ifdef I8_AMX
+#define QS_CAP 256 /* candidates a unit keeps per row */
+#define QS_BLOCKS 64 /* column blocks of 16 per unit */
+
+typedef struct {
+  const infer_q8_screen *sc;
+  const float *x;
+  int64_t xs;
+  int B, K, V, NB, units;
+  const uint8_t *hi, *lo; /* [B][K] */
+  const float *rowf;      /* [B][4]: s_x, ||x||, ||x - s_x X||, gamma ||xh|| + ||x - xh|| */
+  const void *head;       /* the Q8_0 blocks [V][K / 32] */
+  _Atomic uint32_t *top;  /* [B] the best lower bound so far (float bits, compared as floats) */
+  int32_t *cn;            /* [units][B][QS_CAP] */
+  float *cu;              /* [units][B][QS_CAP] */
+  int32_t *cc;            /* [units][B]; -1: more than QS_CAP */
+  char *bad;              /* [B] */
+  int64_t *ids;
+} qs_job;
+
+/* Unit u: column blocks [u QS_BLOCKS, ...), two at a time, for every 16 rows (hi and lo padded
+ * to whole tiles with zero rows, never read back): H = sum(hi c) and L = sum(lo c) on tiles
+ * (tdpbusd), then each row's approximations, bounds and candidates. */
+static void qs_unit(void *p, int u, int worker) {
+  const qs_job *j = (const qs_job *)p;
+  const infer_q8_screen *sc = j->sc;
+  (void)worker;
+  int K = j->K, K4 = K / 4, b0 = u * QS_BLOCKS, b1 = b0 + QS_BLOCKS < j->NB ? b0 + QS_BLOCKS : j->NB;
+  int32_t *cc = j->cc + (int64_t)u * j->B;
+  for (int m = 0; m < j->B; m++) cc[m] = 0;
+  int32_t hl[4][16][16] __attribute__((aligned(64))); /* H, L of block b; H, L of block b + 1 */
+  static const uint8_t cfg_rows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+  static const uint16_t colsb[8] = {64, 64, 64, 64, 64, 64, 64, 64};
+  amx_configure(cfg_rows, colsb);
+  for (int b = b0; b < b1; b += 2) {
+    int two = b + 1 < b1;
+    const int8_t *w0 = sc->q + (int64_t)b * K4 * 64, *w1 = w0 + (int64_t)K4 * 64;
+    for (int r0 = 0; r0 < j->B; r0 += 16) {
+      int rows = j->B - r0 < 16 ? j->B - r0 : 16;
+      const uint8_t *xh = j->hi + (int64_t)r0 * K, *xl = j->lo + (int64_t)r0 * K;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int k = 0; k < K; k += 64) {
+        _tile_loadd(4, xh + k, K);
+        _tile_loadd(5, xl + k, K);
+        _tile_loadd(6, w0 + k * 16, 64);
+        _tile_dpbusd(0, 4, 6);
+        _tile_dpbusd(1, 5, 6);
+        if (two) {
+          _tile_loadd(7, w1 + k * 16, 64);
+          _tile_dpbusd(2, 4, 7);
+          _tile_dpbusd(3, 5, 7);
+        }
+      }
+      _tile_stored(0, hl[0], 64);
+      _tile_stored(1, hl[1], 64);
+      if (two) {
+        _tile_stored(2, hl[2], 64);
+        _tile_stored(3, hl[3], 64);
+      }
+      for (int i = 0; i < rows; i++) {
+        int m = r0 + i;
+        if (j->bad[m]) continue;
+        const float *rf = j->rowf + (int64_t)m * 4;
+        __m512 sx = _mm512_set1_ps(rf[0]), ra = _mm512_set1_ps(rf[1]), rr = _mm512_set1_ps(rf[2]),
+               rg = _mm512_set1_ps(rf[3]);
+        __m512 ap[2], bd[2], lmax = _mm512_set1_ps(-INFINITY);
+        __mmask16 real[2] = {0, 0};
+        for (int bb = 0; bb <= two; bb++) {
+          int n0 = (b + bb) * 16;
+          real[bb] = n0 + 16 <= j->V ? 0xFFFF : (__mmask16)((1u << (j->V - n0)) - 1);
+          /* sum(X c) = 256 H + L - 8192 sum(c), exact in int32 (the intermediate wraps) */
+          __m512i dot = _mm512_sub_epi32(
+              _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512((const void *)hl[2 * bb][i]), 8),
+                               _mm512_load_si512((const void *)hl[2 * bb + 1][i])),
+              _mm512_loadu_si512((const void *)(sc->csum + n0)));
+          ap[bb] = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sx, _mm512_loadu_ps(sc->scale + n0)));
+          __m512 d = _mm512_fmadd_ps(ra, _mm512_loadu_ps(sc->err + n0),
+                                     _mm512_fmadd_ps(rr, _mm512_loadu_ps(sc->qnorm + n0),
+                                                     _mm512_mul_ps(rg, _mm512_loadu_ps(sc->wnorm + n0))));
+          bd[bb] = _mm512_fmadd_ps(d, _mm512_set1_ps(1.f + 0x1p-10f),
+                                   _mm512_fmadd_ps(_mm512_abs_ps(ap[bb]), _mm512_set1_ps(0x1p-20f),
+                                                   _mm512_set1_ps(1e-30f)));
+          lmax = _mm512_mask_max_ps(lmax, real[bb], lmax, _mm512_sub_ps(ap[bb], bd[bb]));
+        }
+        float t = _mm512_reduce_max_ps(lmax), g = screen_top(j->top + m);
+        if (t > g) g = screen_raise(j->top + m, t);
+        t = g > t ? g : t;
+        int32_t *cn = j->cn + ((int64_t)u * j->B + m) * QS_CAP;
+        float *cu = j->cu + ((int64_t)u * j->B + m) * QS_CAP;
+        for (int bb = 0; bb <= two; bb++) {
+          __m512 up = _mm512_add_ps(ap[bb], bd[bb]);
+          __mmask16 keep = _mm512_mask_cmp_ps_mask(real[bb], up, _mm512_set1_ps(t), _CMP_GE_OQ);
+          if (keep) {
+            float upv[16];
+            _mm512_storeu_ps(upv, up);
+            for (int c = 0; c < 16; c++)
+              if (keep >> c & 1) screen_keep(cn, cu, cc + m, QS_CAP, t, (b + bb) * 16 + c, upv[c]);
+          }
+        }
+      }
+    }
+  }
+  _tile_release();
+}
+
+/* Row m's candidates (every unit's above the row's best lower bound), their exact logits (the
+ * row's int16 codes against their gathered Q8_0 rows: the head GEMM's sums), the first maximum.
+ * Sets bad[m] where the row must take every logit. */
+static void qs_exact_unit(void *p, int m, int worker) {
+  const qs_job *j = (const qs_job *)p;
+  (void)worker;
+  if (j->bad[m]) return;
+  float t = screen_top(j->top + m);
+  int nb = j->K / QK, nc = 0;
+  int32_t *cand = (int32_t *)malloc(sizeof(int32_t) * (size_t)j->units * QS_CAP);
+  for (int v = 0; v < j->units && cand; v++) {
+    int32_t n_v = j->cc[(int64_t)v * j->B + m];
+    if (n_v < 0) { /* a unit with more candidates than it kept */
+      free(cand);
+      cand = NULL;
+      break;
+    }
+    const int32_t *cn = j->cn + ((int64_t)v * j->B + m) * QS_CAP;
+    const float *cu = j->cu + ((int64_t)v * j->B + m) * QS_CAP;
+    for (int i = 0; i < n_v; i++)
+      if (cu[i] >= t) cand[nc++] = cn[i];
+  }
+  if (!cand || nc == 0) {
+    free(cand);
+    j->bad[m] = 1;
+    return;
+  }
+  block_q8 *w = (block_q8 *)malloc(sizeof(block_q8) * (size_t)nc * nb);
+  char *codes = (char *)aligned_alloc(64, (i8_act_bytes(1, j->K, 1) + 63) & ~(size_t)63);
+  float *y = (float *)malloc(sizeof(float) * (size_t)nc);
+  for (int i = 0; i < nc; i++)
+    memcpy(w + (int64_t)i * nb, (const block_q8 *)j->head + (int64_t)cand[i] * nb, sizeof(block_q8) * nb);
+  i8_act a = i8_layout(1, j->K, 1, codes);
+  i8_quantize_row(j->x + (int64_t)m * j->xs, &a, 0);
+  i8_gemm(8, &a, 1, w, NULL, NULL, 0, nc, y, nc);
+  int64_t best = -1;
+  float bv = 0.f;
+  int bad = 0;
+  for (int i = 0; i < nc; i++) {
+    float e = y[i];
+    if (!isfinite(e)) bad = 1;
+    else if (best < 0 || e > bv || (e == bv && cand[i] < best)) {
+      best = cand[i];
+      bv = e;
+    }
+  }
+  if (bad || best < 0) j->bad[m] = 1;
+  else j->ids[m] = best;
+  free(y);
+  free(codes);
+  free(w);
+  free(cand);
+}
+
+int infer_q8_screen_ok(void) { return amx_on(); }
+
+/* ids[m] = argmax (the first maximum) of the exact logits of row m of x [B, K] (row stride xs)
+ * against the Q8_0 head (head: [V][K / 32] blocks) with int16 activations: the logits
+ * infer_fgemm(8 | KIND_I16, ...) computes, exactly. sc: the head's screen (K a multiple of 64).
+ * Returns the number of rows that took every logit (non-finite values, or too many candidates). */
+int infer_q8_head_greedy(const float *x, int64_t xs, int B, int K, const infer_q8_screen *sc,
+                         const void *head, int V, int64_t *ids) {
+  int nt = g_threads, NB = (V + 15) / 16, units = ceil_div(NB, QS_BLOCKS);
+  qs_job j = {.sc = sc, .x = x, .xs = xs, .B = B, .K = K, .V = V, .NB = NB, .units = units,
+              .head = head, .ids = ids};
+  int Bp = (B + 15) & ~15; /* whole tiles of rows: the rows past B zero */
+  uint8_t *hi = (uint8_t *)calloc((size_t)Bp * K, 1), *lo = (uint8_t *)calloc((size_t)Bp * K, 1);
+  float *rowf = (float *)malloc(sizeof(float) * (size_t)B * 4);
+  char *bad = (char *)calloc((size_t)B, 1);
+  const double u = 0x1p-24, nu = (K / QK + 3) * u, gam = 2.0 * nu / (1.0 - nu);
+  for (int m = 0; m < B; m++) {
+    const float *xm = x + (int64_t)m * xs;
+    float amax = 0.f;
+    double xx = 0, eh = 0;
+    for (int k = 0; k < K; k++) {
+      if (!isfinite(xm[k])) bad[m] = 1;
+      amax = fabsf(xm[k]) > amax ? fabsf(xm[k]) : amax;
+      xx += (double)xm[k] * xm[k];
+    }
+    for (int b = 0; b < K / QK; b++) { /* the GEMM's codes: within 0.51 d_b of x (d_b rounded up) */
+      float ab = 0.f;
+      for (int k = b * QK; k < (b + 1) * QK; k++) ab = fabsf(xm[k]) > ab ? fabsf(xm[k]) : ab;
+      double d = (double)ab / 32767.0 * (1 + 0x1p-20);
+      eh += QK * (0.51 * d) * (0.51 * d);
+    }
+    float sx = amax > 0.f ? amax / 8191.f : 1.f;
+    double ex = 0;
+    uint8_t *hm = hi + (int64_t)m * K, *lm = lo + (int64_t)m * K;
+    for (int k = 0; k < K; k++) {
+      float v = bad[m] ? 0.f : nearbyintf(xm[k] / sx);
+      v = v > 8191.f ? 8191.f : (v < -8191.f ? -8191.f : v);
+      int U = (int)v + 8192;
+      hm[k] = (uint8_t)(U >> 8);
+      lm[k] = (uint8_t)(U & 255);
+      double e = (double)xm[k] - (double)sx * v;
+      ex += e * e;
+    }
+    double nx = sqrt(xx), nh = sqrt(eh);
+    float *rf = rowf + (int64_t)m * 4;
+    rf[0] = sx;
+    rf[1] = (float)(nx * (1 + 0x1p-20));
+    rf[2] = (float)(sqrt(ex) * (1 + 0x1p-20));
+    rf[3] = (float)((gam * (nx + nh) + nh) * (1 + 0x1p-20));
+  }
+  j.hi = hi;
+  j.lo = lo;
+  j.rowf = rowf;
+  j.bad = bad;
+  j.top = (_Atomic uint32_t *)malloc(sizeof(_Atomic uint32_t) * (size_t)B);
+  for (int m = 0; m < B; m++) screen_init_top(j.top + m);
+  /* the candidate lists: kept between calls (a fresh mapping's page faults cost more than
+   * the lists' use, as in the bf16 library) */
+  static __thread scratch cn_keep, cu_keep;
+  j.cn = (int32_t *)scratch_get(&cn_keep, sizeof(int32_t) * (size_t)units * B * QS_CAP);
+  j.cu = (float *)scratch_get(&cu_keep, sizeof(float) * (size_t)units * B * QS_CAP);
+  j.cc = (int32_t *)malloc(sizeof(int32_t) * (size_t)units * B);
+  pool_run(qs_unit, &j, units, nt);
+  pool_run(qs_exact_unit, &j, B, nt);
+  int full = 0;
+  float *row = NULL;
+  for (int m = 0; m < B; m++) {
+    if (!bad[m]) continue;
+    full++;
+    if (!row) row = (float *)malloc(sizeof(float) * (size_t)V);
+    infer_fgemm(8 | KIND_I16, x + (int64_t)m * xs, xs, 1, K, head, NULL, V, row, V);
+    int64_t best = 0;
+    for (int n = 0; n < V; n++) { /* torch's argmax rule: the first maximum, or the first NaN */
+      if (isnan(row[best])) break;
+      if (isnan(row[n]) || row[n] > row[best]) best = n;
+    }
+    ids[m] = best;
+  }
+  free(row);
+  free(j.cc);
+  free((void *)j.top);
+  free(bad);
+  free(rowf);
+  free(lo);
+  free(hi);
+  return full;
+}
+#else
+int infer_q8_screen_ok(void) { return 0; }
+int infer_q8_head_greedy(const float *x, int64_t xs, int B, int K, const infer_q8_screen *sc,
+                         const void *head, int V, int64_t *ids) {
+  (void)x, (void)xs, (void)B, (void)K, (void)sc, (void)head, (void)V, (void)ids;
+  return -1;
+}
+#endif
