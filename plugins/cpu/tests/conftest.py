@@ -78,24 +78,47 @@ def tiny_bf16(tmp_path):
     return tmp_path
 
 
-def _compile_bf16(tmp_path_factory, name: str, flags: list[str]) -> ctypes.CDLL:
-    """The bf16 kernel library built here with ``flags`` (bound as the plugin binds its own)."""
-    from infer_cpu.kernels import bf16 as kb
-    from infer_cpu.native_build import BF16_SOURCE, compiler
+def _compile(tmp_path_factory, name: str, flags: list[str], source) -> ctypes.CDLL:
+    """``source`` (a kernel library's C file) built here with ``flags``, loaded; the test skips
+    without a C compiler on x86-64."""
+    from infer_cpu.native_build import compiler
 
     cc = compiler()
     if cc is None or platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("needs a C compiler on x86-64")
     out = tmp_path_factory.mktemp(name) / f"lib{name}.so"
-    subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", str(out), str(BF16_SOURCE), "-lm"],
+    subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", str(out), str(source), "-lm"],
                    check=True, capture_output=True)
-    return kb.bind(ctypes.CDLL(str(out)))
+    return ctypes.CDLL(str(out))
+
+
+def _compile_bf16(tmp_path_factory, name: str, flags: list[str]) -> ctypes.CDLL:
+    """The bf16 kernel library built here with ``flags`` (bound as the plugin binds its own)."""
+    from infer_cpu.kernels import bf16 as kb
+    from infer_cpu.native_build import BF16_SOURCE
+
+    return kb.bind(_compile(tmp_path_factory, name, flags, BF16_SOURCE))
+
+
+def _compile_kernels(tmp_path_factory, name: str, flags: list[str]) -> ctypes.CDLL:
+    """The GGUF kernel library (``infer_cpu_kernels.c``) built here with ``flags``, bound as the
+    plugin binds its own."""
+    from infer_cpu import kernels
+    from infer_cpu.native_build import SOURCE
+
+    return kernels.bind(_compile(tmp_path_factory, name, flags, SOURCE))
 
 
 @pytest.fixture(scope="session")
 def compile_bf16():
     """``_compile_bf16``, for tests' own builds of the bf16 library."""
     return _compile_bf16
+
+
+@pytest.fixture(scope="session")
+def compile_kernels():
+    """``_compile_kernels``, for tests' own builds of the GGUF kernel library."""
+    return _compile_kernels
 
 
 @pytest.fixture(scope="module")

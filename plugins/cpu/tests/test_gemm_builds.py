@@ -15,15 +15,12 @@ to 18 blocks."""
 from __future__ import annotations
 
 import ctypes
-import platform
-import subprocess
 from pathlib import Path
 
 import gguf
 import pytest
 import torch
 from infer_cpu import kernels
-from infer_cpu.native_build import SOURCE, compiler
 from infer_cpu.quant.packing import Q, QWeight, gguf_qweight, quantize_q8_blocks
 
 pytestmark = pytest.mark.skipif(kernels.load() is None,
@@ -52,23 +49,13 @@ BUILDS = {
 
 
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory) -> dict[str, ctypes.CDLL]:
+def builds(tmp_path_factory, compile_kernels) -> dict[str, ctypes.CDLL]:
     """The kernels compiled with each BUILDS entry this CPU runs (x86-64 with a C compiler)."""
-    cc = compiler()
-    if cc is None or platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("needs a C compiler on x86-64")
     have, libs = _cpu_flags(), {}
-    tmp = tmp_path_factory.mktemp("builds")
     for name, (flags, needs) in BUILDS.items():
         if not needs <= have:
             continue
-        out = tmp / f"lib_{name}.so"
-        subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", str(out), str(SOURCE), "-lm"],
-                       check=True, capture_output=True)
-        lib = ctypes.CDLL(str(out))
-        for fn, argtypes in kernels._SIGNATURES.items():
-            getattr(lib, fn).argtypes = argtypes
-            getattr(lib, fn).restype = None
+        lib = compile_kernels(tmp_path_factory, f"build_{name}", flags)
         lib.infer_set_threads(1)
         libs[name] = lib
     return libs

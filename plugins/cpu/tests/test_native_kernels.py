@@ -4,8 +4,6 @@ random inputs, plus the fall-back contract: an input a kernel does not take give
 from __future__ import annotations
 
 import ctypes
-import platform
-import subprocess
 
 import gguf
 import pytest
@@ -13,7 +11,6 @@ import torch
 import torch.nn.functional as F
 from infer.core.ops import layer_ops as ref
 from infer_cpu import kernels
-from infer_cpu.native_build import SOURCE, compiler
 from infer_cpu.quant.packing import Q, QWeight, gguf_qweight, quantize_q8_blocks
 
 pytestmark = pytest.mark.skipif(kernels.load() is None,
@@ -94,38 +91,22 @@ def test_qgemm_tiles_against_int8_activation_reference(qtype, m, k):
         torch.set_num_threads(old)
 
 
-def _build(tmp_path_factory, name: str, flags: list[str]) -> ctypes.CDLL:
-    """The kernels compiled with ``flags`` (x86-64 with a C compiler, else the test skips)."""
-    cc = compiler()
-    if cc is None or platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("needs a C compiler on x86-64")
-    out = tmp_path_factory.mktemp(name) / f"lib{name}.so"
-    subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", str(out), str(SOURCE), "-lm"],
-                   check=True, capture_output=True)
-    lib = ctypes.CDLL(str(out))
-    for fn, argtypes in kernels._SIGNATURES.items():
-        getattr(lib, fn).argtypes = argtypes
-        getattr(lib, fn).restype = None
-    lib.infer_kernels_isa.restype = ctypes.c_int
-    return lib
-
-
 @pytest.fixture(scope="module")
-def portable_lib(tmp_path_factory) -> ctypes.CDLL:
+def portable_lib(tmp_path_factory, compile_kernels) -> ctypes.CDLL:
     """The kernels compiled without AVX2 or F16C: the portable C paths."""
-    lib = _build(tmp_path_factory, "portable", ["-O2", "-U__AVX2__", "-U__F16C__"])
+    lib = compile_kernels(tmp_path_factory, "portable", ["-O2", "-U__AVX2__", "-U__F16C__"])
     assert lib.infer_kernels_isa() == 0
     return lib
 
 
 @pytest.fixture(scope="module")
-def tiles256_lib(tmp_path_factory) -> ctypes.CDLL:
+def tiles256_lib(tmp_path_factory, compile_kernels) -> ctypes.CDLL:
     """The machine's own build with the decode attention's 256-bit register tiles
     (``-DINFER_ATTN_TILES_256``) where it would use the AVX-512 ones."""
     if "avx512f" not in open("/proc/cpuinfo").read():
         pytest.skip("needs AVX-512")
-    lib = _build(tmp_path_factory, "tiles256", ["-O3", "-march=native", "-fopenmp",
-                                                "-DINFER_ATTN_TILES_256"])
+    lib = compile_kernels(tmp_path_factory, "tiles256", ["-O3", "-march=native", "-fopenmp",
+                                                         "-DINFER_ATTN_TILES_256"])
     lib.infer_set_threads(1)
     return lib
 

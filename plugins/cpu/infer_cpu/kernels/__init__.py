@@ -86,6 +86,16 @@ class Status:
     detail: str  # the library and flags, or why the kernels are not used
 
 
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """lib (a build of ``infer_cpu_kernels.c``) with every exported function's argument and
+    result types set."""
+    for name, argtypes in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes = argtypes
+        fn.restype = _RESTYPES.get(name)
+    return lib
+
+
 def load() -> ctypes.CDLL | None:
     """The compiled library (built on first call), or None with the reason in ``status()``."""
     with _lock:
@@ -99,11 +109,7 @@ def load() -> ctypes.CDLL | None:
         else:
             try:
                 path, flags = build(cc)
-                lib = ctypes.CDLL(str(path))
-                for name, argtypes in _SIGNATURES.items():
-                    fn = getattr(lib, name)
-                    fn.argtypes = argtypes
-                    fn.restype = _RESTYPES.get(name)
+                lib = bind(ctypes.CDLL(str(path)))
                 lib.infer_pool_swaps(pool_swap_setting())
                 isa = ISA_NAMES.get(lib.infer_kernels_isa(), "portable C")
                 detail = f"{path} ({cc} {' '.join(flags)}; {isa})"
