@@ -20,8 +20,11 @@
  *   32-block to int8 with one scale (as llama.cpp's Q8 dot products do), each block an integer
  *   dot product; faster, further from the float32 reference (benchmarks/cpu_notes.md).
  *
+ * Greedy steps' LM head (infer_q8_head_greedy, at the end): the Q8_0 head's argmax ids, exactly,
+ * from an int8 screen on AMX tiles and the exact logits of the columns it leaves.
+ *
  * Threads: the GEMMs, norms and attention that run every step (infer_fgemm_tiles,
- * infer_rms_norm, infer_paged_decode, infer_decode_layers) run on the work pool of
+ * infer_rms_norm, infer_paged_decode, infer_decode_layers, infer_q8_head_greedy) run on the work pool of
  * infer_cpu_pool.h, whose caller never waits for a helper that has not started; OpenMP is left
  * to the load-time packing and infer_qgemm.
  */
