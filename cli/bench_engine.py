@@ -20,9 +20,16 @@ from infer.cli.bench_metrics import offline_metrics, one_batch_metrics
 
 
 def make_core(server_args: Any) -> Any:
+    """The engine for ``server_args``; a model or setting it cannot take ends the command with
+    exit code 2 and the reason, as ``infer generate`` does."""
+    from infer.cli.common import fail
+    from infer.core.config import ConfigError
     from infer.core.engine.engine_core import EngineCore
 
-    return EngineCore(server_args)
+    try:
+        return EngineCore(server_args)
+    except (ConfigError, ValueError, NotImplementedError) as exc:
+        fail(str(exc))
 
 
 def make_ready_core(server_args: Any, rng: random.Random) -> Any:

@@ -28,3 +28,10 @@ def test_file_that_is_not_gguf_exits_2(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "not a .gguf" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_no_model_path_exits_2_with_one_message():
+    proc = _serve("--port", "1")
+    assert proc.returncode == 2, proc.stderr
+    assert "--model-path" in proc.stderr and "smollm2" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout

@@ -70,9 +70,12 @@ def _download(repo_id: str, revision: str | None, load_format: str) -> Path:
         raise ModelSourceError(f"--model-path {repo_id}: {type(exc).__name__}: {exc}") from exc
 
 
-def resolve_source(model_path: str, load_format: str = "auto",
+def resolve_source(model_path: str | None, load_format: str = "auto",
                    revision: str | None = None) -> ModelSource:
     """Local file/dir, default-model alias or Hugging Face repo id -> ModelSource."""
+    if not model_path:  # SGLang's launch_server requires it too
+        raise ModelSourceError("no model given: pass --model-path (a model directory, a .gguf "
+                               "file, a Hugging Face repo id, or smollm2 for the default model)")
     if load_format not in LOAD_FORMATS:
         raise ModelSourceError(f"--load-format {load_format!r} is not one of {', '.join(LOAD_FORMATS)}")
     from infer.core.model.loader.default_model import resolve_alias
