@@ -2463,14 +2463,14 @@ int infer_q8_head_greedy(const float *x, int64_t xs, int B, int K, const infer_q
     const float *xm = x + (int64_t)m * xs;
     float amax = 0.f;
     double xx = 0, eh = 0;
-    for (int k = 0; k < K; k++) {
-      if (!isfinite(xm[k])) bad[m] = 1;
-      amax = fabsf(xm[k]) > amax ? fabsf(xm[k]) : amax;
-      xx += (double)xm[k] * xm[k];
-    }
     for (int b = 0; b < K / QK; b++) { /* the GEMM's codes: within 0.51 d_b of x (d_b rounded up) */
       float ab = 0.f;
-      for (int k = b * QK; k < (b + 1) * QK; k++) ab = fabsf(xm[k]) > ab ? fabsf(xm[k]) : ab;
+      for (int k = b * QK; k < (b + 1) * QK; k++) {
+        if (!isfinite(xm[k])) bad[m] = 1;
+        ab = fabsf(xm[k]) > ab ? fabsf(xm[k]) : ab;
+        xx += (double)xm[k] * xm[k];
+      }
+      amax = ab > amax ? ab : amax;
       double d = (double)ab / 32767.0 * (1 + 0x1p-20);
       eh += QK * (0.51 * d) * (0.51 * d);
     }
@@ -2514,12 +2514,7 @@ int infer_q8_head_greedy(const float *x, int64_t xs, int B, int K, const infer_q
     full++;
     if (!row) row = (float *)malloc(sizeof(float) * (size_t)V);
     infer_fgemm(8 | KIND_I16, x + (int64_t)m * xs, xs, 1, K, head, NULL, V, row, V);
-    int64_t best = 0;
-    for (int n = 0; n < V; n++) { /* torch's argmax rule: the first maximum, or the first NaN */
-      if (isnan(row[best])) break;
-      if (isnan(row[n]) || row[n] > row[best]) best = n;
-    }
-    ids[m] = best;
+    ids[m] = argmax_row(row, V); /* torch's argmax rule */
   }
   free(row);
   free(j.cc);
