@@ -1,8 +1,8 @@
-"""The CPU platform's scheduling defaults (``infer_cpu.probe``): 512-token prefill chunks mixed
-with the running decodes, so that with many prompts at once the first tokens come out request by
-request instead of all after one long prefill; explicit settings win, and combinations the
-defaults cannot join (speculative decoding, pipeline stages, a page size 512 is not a multiple
-of) keep the core's defaults."""
+"""The CPU platform's scheduling defaults (``infer_cpu.probe``): 512-token prefill chunks (256 for a
+GGUF model) mixed with the running decodes, so that with many prompts at once the first tokens
+come out request by request instead of all after one long prefill; explicit settings win, and
+combinations the defaults cannot join (speculative decoding, pipeline stages, a page size the
+chunk is not a multiple of) keep the core's defaults."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 from helpers import random_prompts
 from infer.core.config import ServerArgs
 from infer.core.config.gate import run_gate
-from infer_cpu.probe import CPU_PREFILL_CHUNK
+from infer_cpu.probe import CPU_GGUF_PREFILL_CHUNK, CPU_PREFILL_CHUNK, serves_gguf
 
 
 def _gated(**flags):
-    args = ServerArgs(model_path="unused", **flags)
+    args = ServerArgs(**{"model_path": "unused", **flags})
     run_gate(args)
     return args
 
@@ -36,6 +36,29 @@ def test_explicit_and_incompatible_settings_keep_theirs(flags, chunk, mixed):
     args = _gated(**flags)
     assert args.chunked_prefill_size == chunk
     assert bool(args.enable_mixed_chunk) is mixed
+
+
+def test_gguf_models_take_the_smaller_chunk(tmp_path):
+    """A GGUF model (a .gguf file, a folder holding one, the default model's alias, --load-format
+    gguf) gets CPU_GGUF_PREFILL_CHUNK; safetensors folders, paths that do not exist and hub ids
+    (nothing is fetched to look) keep CPU_PREFILL_CHUNK; the user's chunk wins either way."""
+    assert CPU_GGUF_PREFILL_CHUNK < CPU_PREFILL_CHUNK
+    gguf_file = tmp_path / "m" / "model.Q4_1.gguf"
+    gguf_file.parent.mkdir()
+    gguf_file.write_bytes(b"GGUF")
+    st_dir = tmp_path / "st"
+    st_dir.mkdir()
+    (st_dir / "model.safetensors").write_bytes(b"")
+    (st_dir / "extra.gguf").write_bytes(b"GGUF")  # safetensors first, as the loader reads it
+    cases = {str(gguf_file): True, str(gguf_file.parent): True, "smollm2": True,
+             str(st_dir): False, str(tmp_path / "missing"): False, "org/name": False}
+    for path, gguf in cases.items():
+        assert serves_gguf(ServerArgs(model_path=path)) is gguf, path
+        assert _gated(model_path=path).chunked_prefill_size == (
+            CPU_GGUF_PREFILL_CHUNK if gguf else CPU_PREFILL_CHUNK), path
+    assert _gated(model_path=str(st_dir), load_format="gguf").chunked_prefill_size == \
+        CPU_GGUF_PREFILL_CHUNK
+    assert _gated(model_path=str(gguf_file), chunked_prefill_size=1024).chunked_prefill_size == 1024
 
 
 def test_first_tokens_come_out_request_by_request(make_core):

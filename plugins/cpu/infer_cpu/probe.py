@@ -159,23 +159,61 @@ class CpuPlatform(Platform):
         return out
 
 
-# Prefill tokens per step on the CPU. A CPU GEMM is near its peak from a few hundred rows on, so a
+# Prefill tokens per step on the CPU. A CPU GEMM is near its peak from a few hundred rows, so a
 # 4,096-token step is no faster per token than eight 512-token steps, but it holds every running
 # request's next token (and every waiting request's first token) until all of it is done. Small
 # chunks mixed with the running decodes let first tokens come out request by request (vLLM's CPU
-# server does the same with 2,048 tokens per step, decodes included).
+# server does the same with 2,048 tokens per step, decodes included). Each step also pays one pass
+# over the weights, which is what keeps the chunk from being smaller still.
 CPU_PREFILL_CHUNK = 512
+# A GGUF model's chunk: its prompt tokens cost about twice a bf16 model's (the integer GEMMs'
+# block scales) and its pass over the Q4 weights about a third, so half the chunk keeps a step's
+# time and its fixed share near a bf16 model's at 512. Served (SmolLM2's Q4_1 GGUF, Intel Xeon
+# with AMX, 2 cores, six alternating rounds against 512): median first token 0.63x at 8 clients
+# and 0.52x at 32, output 0.95x at 8 and 1.09x at 32; a bf16 folder at 256 gained first tokens
+# too (0.71-0.78x) but lost 1.5-3 % of its 32-client output to the extra weight passes
+# (benchmarks/cpu_vllm_notes.md, session 42).
+CPU_GGUF_PREFILL_CHUNK = 256
+
+
+def serves_gguf(args: Any) -> bool:
+    """Whether ``--model-path`` names a GGUF model, told without fetching anything: a .gguf file,
+    a folder whose weights are one (``resolve_source``'s order), the default model's alias, or
+    ``--load-format gguf``. A hub id that is not local counts as not GGUF."""
+    from pathlib import Path
+
+    from infer.core.model.loader.default_model import DEFAULT_MODELS
+    from infer.core.model.loader.source import ModelSourceError, resolve_source
+
+    fmt = getattr(args, "load_format", None) or "auto"
+    path = getattr(args, "model_path", None)
+    if fmt == "gguf":
+        return True
+    if fmt != "auto" or not path:
+        return False
+    if path in DEFAULT_MODELS and not Path(path).exists():
+        return DEFAULT_MODELS[path].filename.endswith(".gguf")
+    if not Path(path).expanduser().exists():
+        return False
+    try:
+        return resolve_source(path, fmt).load_format == "gguf"
+    except ModelSourceError:
+        return False
 
 
 def _prefill_pacing(args: Any) -> list[SettingAdjustment]:
     """Small prefill chunks mixed with decodes, where the settings allow both."""
     out = []
     page = getattr(args, "page_size", None) or 1
-    if CPU_PREFILL_CHUNK % page == 0:
+    gguf = serves_gguf(args)
+    chunk = CPU_GGUF_PREFILL_CHUNK if gguf else CPU_PREFILL_CHUNK
+    if chunk % page == 0:
+        why = (f"{chunk}-token chunks (a GGUF model's prompt tokens cost about twice a bf16 "
+               f"model's, its weight pass a third)" if gguf else f"{chunk}-token chunks")
         out.append(SettingAdjustment(
-            "chunked_prefill_size", CPU_PREFILL_CHUNK,
-            f"a CPU GEMM is near its peak from a few hundred rows; {CPU_PREFILL_CHUNK}-token "
-            "chunks let first tokens out request by request"))
+            "chunked_prefill_size", chunk,
+            f"a CPU GEMM is near its peak from a few hundred rows; {why} let first tokens out "
+            "request by request"))
     if getattr(args, "speculative_algorithm", None) is None and (getattr(args, "pp_size", 1) or 1) == 1:
         out.append(SettingAdjustment(
             "enable_mixed_chunk", True,
