@@ -66,6 +66,11 @@ def test_a_changed_file_or_a_damaged_folder_builds_again(gguf_file):
     assert gguf_built(gguf_file, "config", build, _reload).value == 3
     assert gguf_built(gguf_file, "config", build, _reload).value == 3  # and it was replaced
 
+    def broken(folder: str) -> Saved:
+        raise Exception("what the tokenizers library raises for a bad tokenizer.json")
+
+    assert gguf_built(gguf_file, "config", build, broken).value == 4
+
 
 def test_an_unwritable_cache_still_gives_the_built_object(gguf_file, tmp_path, monkeypatch):
     blocker = tmp_path / "file-not-dir"

@@ -43,8 +43,8 @@ def gguf_built(gguf: Path, part: str, build: Callable[[], Any], reload: Callable
     if target.is_dir():
         try:
             return reload(str(target))
-        except (OSError, ValueError, KeyError):
-            shutil.rmtree(target, ignore_errors=True)
+        except Exception:  # noqa: BLE001 - any folder that does not load (the tokenizers library
+            shutil.rmtree(target, ignore_errors=True)  # raises plain Exception) is built again
     built = build()
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
